@@ -1,0 +1,277 @@
+"""A character-level text corpus that needs no download, and its LightningDataModule.
+
+The corpus is the docstrings of a fixed list of pure-Python stdlib modules. It is English
+prose with some code, big enough (a few hundred thousand characters) to pre-train and adapt
+tiny language models. Its exact text depends on the Python minor version (3.11 and 3.12
+docstrings differ), so compare losses only between runs on the same Python.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from typing import Literal
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+# Pure-Python modules only: C modules have short or platform-dependent docstrings.
+# Sorted, and never reordered, so the corpus is stable within a Python version.
+CORPUS_MODULES = (
+    "argparse",
+    "ast",
+    "asyncio.events",
+    "asyncio.streams",
+    "asyncio.tasks",
+    "calendar",
+    "collections",
+    "configparser",
+    "contextlib",
+    "dataclasses",
+    "difflib",
+    "doctest",
+    "email.message",
+    "email.utils",
+    "enum",
+    "fractions",
+    "ftplib",
+    "functools",
+    "gettext",
+    "http.client",
+    "http.cookiejar",
+    "http.server",
+    "imaplib",
+    "inspect",
+    "ipaddress",
+    "logging",
+    "logging.handlers",
+    "mailbox",
+    "optparse",
+    "pathlib",
+    "pdb",
+    "pickletools",
+    "poplib",
+    "pprint",
+    "shutil",
+    "smtplib",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "typing",
+    "unittest.case",
+    "unittest.mock",
+    "urllib.parse",
+    "urllib.request",
+    "uuid",
+    "zipfile",
+)
+
+_CORPUS_CACHE: dict[str, str] = {}
+
+
+def _normalise(doc: str) -> str:
+    lines = (" ".join(line.split()) for line in doc.splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def _module_docstrings(module: types.ModuleType) -> list[str]:
+    docs = [module.__doc__]
+    for name in sorted(vars(module)):
+        obj = vars(module)[name]
+        # Skip re-exports: their text belongs to (and may be collected with) another module.
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if isinstance(obj, type):
+            docs.append(obj.__doc__)
+            for member_name in sorted(vars(obj)):
+                member = vars(obj)[member_name]
+                if isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                if isinstance(member, (types.FunctionType, property)):
+                    docs.append(member.__doc__)
+        elif isinstance(obj, types.FunctionType):
+            docs.append(obj.__doc__)
+    return [doc for doc in docs if isinstance(doc, str)]
+
+
+def local_text_corpus(min_chars: int = 200_000) -> str:
+    """Docstrings of `CORPUS_MODULES`, whitespace-normalised, joined with blank lines.
+
+    Deterministic for a given Python minor version. Raises if fewer than `min_chars`
+    characters are found (e.g. under `python -OO`, which strips docstrings).
+    """
+    if "text" not in _CORPUS_CACHE:
+        seen: set[str] = set()
+        parts: list[str] = []
+        for module_name in CORPUS_MODULES:
+            for doc in _module_docstrings(importlib.import_module(module_name)):
+                text = _normalise(doc)
+                # Aliases share a docstring; repeating it would inflate the corpus.
+                if text and text not in seen:
+                    seen.add(text)
+                    parts.append(text)
+        _CORPUS_CACHE["text"] = "\n\n".join(parts)
+    text = _CORPUS_CACHE["text"]
+    if len(text) < min_chars:
+        raise RuntimeError(
+            f"local text corpus has {len(text)} characters, fewer than min_chars={min_chars}; "
+            "docstrings may be stripped (python -OO) or this Python's stdlib differs"
+        )
+    return text
+
+
+class CharTokenizer:
+    """Fixed character vocabulary: 0 = unknown, 1 = newline, then the 95 printable ASCII characters.
+
+    Independent of the corpus, so models trained on different splits share token ids.
+    """
+
+    unknown_id = 0
+    unknown_char = "\ufffd"
+
+    def __init__(self) -> None:
+        self.chars = [self.unknown_char, "\n"] + [chr(c) for c in range(32, 127)]
+        self._ascii_to_id = np.zeros(128, dtype=np.int64)
+        for i, ch in enumerate(self.chars[1:], start=1):
+            self._ascii_to_id[ord(ch)] = i
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> torch.Tensor:
+        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
+        codes[codes >= 128] = 0  # code point 0 (NUL) is not in the vocabulary either, so -> unknown
+        return torch.from_numpy(self._ascii_to_id[codes])
+
+    def decode(self, ids: torch.Tensor | list[int]) -> str:
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        return "".join(self.chars[i] for i in ids)
+
+
+class _Windows(Dataset):
+    """Item `start` is the window ids[start : start + block_size + 1], split into inputs and next-char labels."""
+
+    def __init__(self, ids: torch.Tensor, block_size: int, starts: list[int] | None = None) -> None:
+        self.ids = ids
+        self.block_size = block_size
+        self.starts = starts  # fixed windows (validation); None means the sampler yields starts
+
+    def __len__(self) -> int:
+        return len(self.starts) if self.starts is not None else len(self.ids) - self.block_size
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        start = self.starts[index] if self.starts is not None else index
+        window = self.ids[start : start + self.block_size + 1]
+        return {"input_ids": window[:-1], "labels": window[1:]}
+
+
+class _RandomStartSampler(Sampler[int]):
+    """Random window starts, drawn from `seed + epoch` so every epoch is reproducible.
+
+    Lightning calls `set_epoch` at each epoch start; in a hand-written loop call it yourself,
+    or every epoch repeats epoch 0's windows.
+    """
+
+    def __init__(self, num_starts: int, num_samples: int, seed: int) -> None:
+        self.num_starts = num_starts
+        self.num_samples = num_samples
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from torch.randint(self.num_starts, (self.num_samples,), generator=generator).tolist()
+
+
+class LocalTextDataModule(L.LightningDataModule):
+    """Next-character prediction on `local_text_corpus`, as `{"input_ids", "labels"}` batches of `[B, block_size]`.
+
+    `split` picks the corpus cut at its midpoint (LoKRA pre-trains a base on one half and
+    adapts on the other); the last `val_fraction` of the chosen part is validation.
+    """
+
+    def __init__(
+        self,
+        block_size: int = 128,
+        batch_size: int = 32,
+        split: Literal["all", "first_half", "second_half"] = "all",
+        val_fraction: float = 0.1,
+        min_chars: int = 200_000,
+        train_windows_per_epoch: int = 3200,
+        val_windows: int = 256,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if split not in ("all", "first_half", "second_half"):
+            raise ValueError(f"split={split!r} must be one of 'all', 'first_half', 'second_half'")
+        if not 0.0 < val_fraction < 1.0:
+            raise ValueError(f"val_fraction={val_fraction} must be strictly between 0 and 1")
+        for name, value in [
+            ("block_size", block_size),
+            ("batch_size", batch_size),
+            ("train_windows_per_epoch", train_windows_per_epoch),
+            ("val_windows", val_windows),
+        ]:
+            if value <= 0:
+                raise ValueError(f"{name}={value} must be positive")
+        if num_workers < 0:
+            raise ValueError(f"num_workers={num_workers} must be >= 0")
+        self.save_hyperparameters()
+        self.tokenizer = CharTokenizer()
+        self.train_ids: torch.Tensor | None = None
+        self.val_ids: torch.Tensor | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_ids is not None:
+            return
+        hp = self.hparams
+        ids = self.tokenizer.encode(local_text_corpus(hp.min_chars))
+        middle = len(ids) // 2
+        part = {"all": ids, "first_half": ids[:middle], "second_half": ids[middle:]}[hp.split]
+        num_val = int(len(part) * hp.val_fraction)
+        # A window needs block_size + 1 tokens: inputs plus the one-step-shifted labels.
+        for name, length in [("validation", num_val), ("training", len(part) - num_val)]:
+            if length < hp.block_size + 1:
+                raise ValueError(
+                    f"block_size={hp.block_size} is too large for the {name} split of {length} tokens "
+                    f"(split={hp.split!r}, val_fraction={hp.val_fraction}); it needs at least block_size + 1"
+                )
+        self.train_ids, self.val_ids = part[: len(part) - num_val], part[len(part) - num_val :]
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup()
+        hp = self.hparams
+        dataset = _Windows(self.train_ids, hp.block_size)
+        sampler = _RandomStartSampler(len(dataset), hp.train_windows_per_epoch, hp.seed)
+        return DataLoader(
+            dataset, batch_size=hp.batch_size, sampler=sampler, num_workers=hp.num_workers, drop_last=True
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        self.setup()
+        hp = self.hparams
+        last_start = len(self.val_ids) - hp.block_size - 1
+        starts = torch.linspace(0, last_start, hp.val_windows).round().long().tolist()
+        dataset = _Windows(self.val_ids, hp.block_size, starts)
+        return DataLoader(dataset, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers)

@@ -1,0 +1,144 @@
+"""``litlab fit|validate|test|predict``: LightningCLI in subclass mode, plus the defaults every run gets.
+
+Any LightningModule under ``lit_modules`` and any DataModule under ``datamodules`` can be named by class path
+(``model.class_path: lit_modules.lokra.LoKRAMatrixApprox``) or, once imported here, by class name.
+Every run, unless its config says otherwise, gets:
+
+* ``seed_everything: 0`` (set it in the config; it is part of the run's identity);
+* a WandbLogger (offline unless the user is logged in; ``WANDB_MODE=disabled`` drops it) and a CSVLogger;
+* RichProgressBar, LearningRateMonitor, and a ModelCheckpoint that keeps ``last.ckpt``;
+* ``summary.json`` with the final metrics (``callbacks.run_summary.RunSummary``);
+* checkpoints loaded with ``weights_only=True`` and a clear error for a truncated file;
+* a folder ``runs/<experiment>/<run-id>/`` where ``run-id = <config hash>-s<seed>``, so relaunching the same
+  config with ``--ckpt_path last`` resumes the interrupted attempt.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+import datamodules
+import lit_modules
+from callbacks.run_summary import RunSummary
+from litlab.runs import SafeCheckpointIO, default_run_id, wandb_mode
+
+
+def import_method_modules() -> None:
+    """Import every module of ``lit_modules`` and ``datamodules`` so classes can be named by short name too."""
+    for package in (lit_modules, datamodules):
+        for info in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+class RunAlreadyFinished(Exception):
+    """Raised before instantiation when ``skip_finished`` is set and the run's summary says finished."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(f"run already finished: {run_dir}")
+        self.run_dir = run_dir
+
+
+class LitlabCLI(LightningCLI):
+    def __init__(self, *args: Any, skip_finished: bool = False, **kwargs: Any) -> None:
+        import_method_modules()
+        self.skip_finished = skip_finished
+        self.run_dir: Path | None = None
+        kwargs.setdefault("model_class", L.LightningModule)
+        kwargs.setdefault("datamodule_class", L.LightningDataModule)
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("seed_everything_default", 0)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("parser_kwargs", {"parser_mode": "yaml"})
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--experiment", type=str | None, default=None,
+                            help="Run group: runs/<experiment>/. Default: the config file's folder name "
+                                 "(configs/lokra/quick.yaml -> lokra), else the model class name.")
+        parser.add_argument("--run_id", type=str | None, default=None,
+                            help="Run folder name. Default: <config hash>-s<seed>, so a relaunch resumes.")
+        parser.add_argument("--runs_dir", type=str, default="runs", help="Root folder of all runs.")
+
+    # ---- run identity ---------------------------------------------------------------------------
+    def _section(self) -> Any:
+        return self.config[self.subcommand] if self.subcommand else self.config
+
+    def _experiment_name(self, cfg: Any) -> str:
+        if cfg.get("experiment"):
+            return cfg.experiment
+        configs = cfg.get("config") or []
+        if configs:
+            return Path(str(configs[0])).resolve().parent.name
+        class_path = (cfg.get("model") or {}).get("class_path") or "run"
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", class_path.rsplit(".", 1)[-1]).lower()
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self._section()
+        seed = cfg.get("seed_everything")
+        run_id = cfg.get("run_id") or default_run_id(cfg.as_dict(), seed if seed is not False else None)
+        self.run_dir = Path(cfg.runs_dir) / self._experiment_name(cfg) / run_id
+        if self.skip_finished and _finished(self.run_dir):
+            raise RunAlreadyFinished(self.run_dir)
+
+    # ---- default loggers, callbacks, plugins ----------------------------------------------------
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        assert self.run_dir is not None
+        trainer_cfg = self._get(self.config_init, "trainer", default={})
+        user_callbacks = list(trainer_cfg.get("callbacks") or [])
+        user_callbacks += [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
+        run_dir, run_id = self.run_dir, self.run_dir.name
+        experiment = run_dir.parent.name
+
+        if trainer_cfg.get("default_root_dir") is None:
+            kwargs["default_root_dir"] = str(run_dir)
+        loggers = trainer_cfg.get("logger")
+        if loggers is None or loggers is True:
+            loggers = [CSVLogger(save_dir=str(run_dir), name="csv")]
+            mode = wandb_mode()
+            if mode != "disabled":
+                run_dir.mkdir(parents=True, exist_ok=True)
+                loggers.insert(0, WandbLogger(project="litlab", group=experiment, name=f"{experiment}/{run_id}",
+                                              id=re.sub(r"[^A-Za-z0-9_-]", "-", f"{experiment}-{run_id}")[-64:],
+                                              save_dir=str(run_dir), offline=(mode != "online"), resume="allow"))
+            kwargs["logger"] = loggers
+        if not trainer_cfg.get("plugins"):
+            kwargs["plugins"] = [SafeCheckpointIO()]
+
+        defaults: list[Callback] = [RunSummary(run_dir, {"run_id": run_id, "experiment": experiment,
+                                                          "seed": self._get(self.config, "seed_everything")})]
+        if not _has(user_callbacks, ModelCheckpoint) and trainer_cfg.get("enable_checkpointing", True) is not False:
+            defaults.append(ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), save_last=True))
+        if not _has(user_callbacks, ProgressBar) and trainer_cfg.get("enable_progress_bar", True) is not False:
+            defaults.append(RichProgressBar())
+        if loggers and not _has(user_callbacks, LearningRateMonitor):
+            defaults.append(LearningRateMonitor(logging_interval="step"))
+        self.trainer_defaults = {**self.trainer_defaults, "callbacks": defaults}
+        return super().instantiate_trainer(**kwargs)
+
+
+def _has(callbacks: list[Any], kind: type) -> bool:
+    return any(isinstance(c, kind) for c in callbacks)
+
+
+def _finished(run_dir: Path) -> bool:
+    import json
+
+    summary = run_dir / "summary.json"
+    try:
+        return json.loads(summary.read_text()).get("status") == "finished"
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+
+
+def run_cli(args: list[str] | None = None, **kwargs: Any) -> LitlabCLI:
+    return LitlabCLI(args=args, **kwargs)

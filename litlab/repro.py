@@ -1,0 +1,236 @@
+"""``litlab repro <slug>``: run a paper's method and its baselines over seeds, check the claim, write a report.
+
+Every run goes through the same LightningCLI path as ``litlab fit`` (``LitlabCLI``), with the card's overrides,
+into ``runs/repro/<slug>/<run>/<config hash>-s<seed>/``. A run whose ``summary.json`` says finished is reused,
+so an interrupted reproduction resumes where it stopped. The report (``report.md``, ``results.json``, a bar
+plot) goes to ``runs/repro/<slug>/``; the exit code is 1 when the card's expectation does not hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from litlab.cards import Card, CardError, evaluate, load_card, split_clauses
+from litlab.runs import atomic_write_json, atomic_write_text
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def seeds_dir() -> Path:
+    return PROJECT_ROOT / "seeds"
+
+
+def override_args(overrides: dict[str, Any]) -> list[str]:
+    """``{"model.init_args.mode": "lora"}`` -> ``["--model.init_args.mode=lora"]`` (YAML flow for non-strings)."""
+    args = []
+    for key, value in overrides.items():
+        text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
+        text = text[:-4].rstrip() if text.endswith("\n...") else text.removesuffix("...").strip()
+        args.append(f"--{key}={text}")
+    return args
+
+
+def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> dict[str, Any]:
+    """One LightningCLI fit; returns its summary (reused when it already finished)."""
+    from litlab.cli import LitlabCLI, RunAlreadyFinished
+
+    spec = card.runs[run_name]
+    config = PROJECT_ROOT / spec.config_path(scale)
+    if not config.exists():
+        raise CardError(f"{card.path}: runs.{run_name} config {config} does not exist")
+    args = ["fit", f"--config={config}", *override_args(spec.all_overrides(scale)), f"--seed_everything={seed}",
+            f"--experiment={run_name}", f"--runs_dir={out_dir}", *extra]
+    reused = True
+    try:
+        cli = LitlabCLI(args=args, skip_finished=True)
+        run_dir = cli.run_dir
+        reused = False
+    except RunAlreadyFinished as done:
+        run_dir = done.run_dir
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary.get("status") != "finished":
+        raise RuntimeError(f"run {run_name} seed {seed} did not finish: {summary.get('status')} ({run_dir})")
+    metric = spec.metric or card.metric.name
+    if metric not in summary["metrics"]:
+        raise KeyError(f"run {run_name} logged no metric {metric!r}; it logged {sorted(summary['metrics'])}")
+    return {"seed": seed, "value": float(summary["metrics"][metric]), "run_dir": str(run_dir), "reused": reused,
+            "wall_time_s": summary.get("wall_time_s")}
+
+
+def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, only: list[str] | None = None,
+              out_root: Path = Path("runs/repro"), extra: list[str] | None = None) -> dict[str, Any]:
+    seeds = list(seeds if seeds is not None else card.seeds[scale])
+    runs = card.runs_for(scale)
+    if only:
+        unknown = set(only) - set(runs)
+        if unknown:
+            raise CardError(f"--only names unknown runs {sorted(unknown)}; the card has {sorted(runs)} at scale {scale}")
+        runs = {n: runs[n] for n in only}
+    out_dir = out_root / card.slug
+    started = time.time()
+    per_run: dict[str, Any] = {}
+    for name in runs:
+        values = [run_one(card, name, scale, s, out_dir, list(extra or [])) for s in seeds]
+        xs = [v["value"] for v in values]
+        per_run[name] = {"metric": runs[name].metric or card.metric.name, "values": xs, "seeds": seeds,
+                         "mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+                         "runs": values}
+    means = {n: r["mean"] for n, r in per_run.items()}
+    stds = {n: r["std"] for n, r in per_run.items()}
+    expr = card.expectation.get(scale)
+    clauses = []
+    if expr:
+        for clause in split_clauses(expr):
+            try:
+                clauses.append({"clause": clause, "holds": evaluate(clause, means, stds)})
+            except CardError:
+                clauses.append({"clause": clause, "holds": None})  # a run it needs was left out by --only
+    verdict = None if not clauses or any(c["holds"] is None for c in clauses) else all(c["holds"] for c in clauses)
+    return {"slug": card.slug, "title": card.title, "claim": card.claim, "scale": scale, "seeds": seeds,
+            "metric": {"name": card.metric.name, "mode": card.metric.mode}, "runs": per_run, "expectation": expr,
+            "clauses": clauses, "passed": verdict, "date": date.today().isoformat(),
+            "wall_time_s": round(time.time() - started, 1)}
+
+
+# ---- report -------------------------------------------------------------------------------------
+def _fmt(x: float) -> str:
+    return "nan" if math.isnan(x) else (f"{x:.4g}" if abs(x) < 1e4 else f"{x:.3e}")
+
+
+def _verdict(v: bool | None) -> str:
+    return {True: "PASS", False: "FAIL", None: "n/a"}[v]
+
+
+def render_markdown(card: Card, res: dict[str, Any], command: str) -> str:
+    lines = [f"# {card.title} — reproduction ({res['scale']})", "", f"**Claim.** {card.claim}", "",
+             f"Command: `{command}`  ", f"Date: {res['date']}, seeds {res['seeds']}, wall time {res['wall_time_s']} s", "",
+             "| run | metric | mean ± std | per seed | recorded |", "|---|---|---|---|---|"]
+    recorded = (card.recorded.get("results") or {})
+    for name, r in res["runs"].items():
+        rec = recorded.get(name) or {}
+        rec_text = f"{_fmt(rec['mean'])} ± {_fmt(rec.get('std', 0.0))}" if "mean" in rec else "—"
+        lines.append(f"| {name} | {r['metric']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | "
+                     f"{', '.join(_fmt(v) for v in r['values'])} | {rec_text} |")
+    lines += ["", f"**Expectation** (paper's direction): `{res['expectation']}`", ""]
+    lines += [f"- {_verdict(c['holds'])}: `{c['clause']}`" for c in res["clauses"]]
+    lines += ["", f"**Verdict: {_verdict(res['passed'])}**", ""]
+    if card.paper_numbers:
+        lines += ["## Paper's numbers", "", card.paper_numbers.strip(), ""]
+    return "\n".join(lines)
+
+
+def print_table(card: Card, res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{card.slug}: {card.title} ({res['scale']}, seeds {res['seeds']})")
+    for col in ("run", "metric", "mean ± std", "per seed"):
+        table.add_column(col)
+    for name, r in res["runs"].items():
+        table.add_row(name, r["metric"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", ", ".join(_fmt(v) for v in r["values"]))
+    console = Console()
+    console.print(table)
+    console.print(f"expectation: {res['expectation']}")
+    for c in res["clauses"]:
+        console.print(f"  {_verdict(c['holds'])}  {c['clause']}")
+    console.print(f"[bold]{_verdict(res['passed'])}[/bold]  ({res['wall_time_s']} s)")
+
+
+def plot(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[str]] = {}
+    for name, r in res["runs"].items():
+        groups.setdefault(r["metric"], []).append(name)
+    fig, axes = plt.subplots(1, len(groups), figsize=(4 + 1.2 * max(len(v) for v in groups.values()) * len(groups), 3.6),
+                             squeeze=False)
+    for ax, (metric, names) in zip(axes[0], groups.items()):
+        means = [res["runs"][n]["mean"] for n in names]
+        stds = [res["runs"][n]["std"] for n in names]
+        ax.bar(range(len(names)), means, yerr=stds, capsize=4, color="tab:blue")
+        for i, n in enumerate(names):
+            ax.scatter([i] * len(res["runs"][n]["values"]), res["runs"][n]["values"], color="k", s=8, zorder=3)
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+        ax.set_ylabel(metric)
+    fig.suptitle(f"{res['slug']} ({res['scale']}): {_verdict(res['passed'])}")
+    fig.tight_layout()
+    tmp = path.with_name("." + path.name)
+    fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def record_into_card(card: Card, res: dict[str, Any], command: str) -> None:
+    """Replace the card's ``recorded:`` block (kept last in the file) with this run's measured numbers."""
+    assert card.path is not None
+    block = {"recorded": {"date": res["date"], "command": command, "scale": res["scale"], "seeds": res["seeds"],
+                          "passed": res["passed"], "wall_time_s": res["wall_time_s"],
+                          "results": {n: {"metric": r["metric"], "mean": round(r["mean"], 6), "std": round(r["std"], 6),
+                                          "values": [round(v, 6) for v in r["values"]]}
+                                      for n, r in res["runs"].items()}}}
+    text = card.path.read_text()
+    head = text.split("\nrecorded:", 1)[0].rstrip() + "\n"
+    atomic_write_text(card.path, head + yaml.safe_dump(block, sort_keys=False, width=110))
+
+
+# ---- command line -------------------------------------------------------------------------------
+def list_cards() -> int:
+    for path in sorted(seeds_dir().glob("*.yaml")):
+        try:
+            card = load_card(path)
+        except CardError as err:
+            print(f"{path.stem:16s} INVALID: {err}")
+            continue
+        rec = card.recorded
+        rec_text = f"recorded {rec.get('date')}: {_verdict(rec.get('passed'))}" if rec else "not recorded"
+        last = Path("runs/repro") / card.slug / "results.json"
+        last_text = ""
+        if last.exists():
+            last_res = json.loads(last.read_text())
+            last_text = f"; last local run {last_res['date']}: {_verdict(last_res['passed'])}"
+        print(f"{card.slug:16s} {card.title[:60]:60s} {rec_text}{last_text}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="litlab repro", description=__doc__.split("\n")[0])
+    parser.add_argument("slug", nargs="?", help="card name: seeds/<slug>.yaml")
+    parser.add_argument("--list", action="store_true", help="list cards and their last recorded result")
+    parser.add_argument("--scale", choices=["quick", "full"], default="quick")
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",") if x], default=None,
+                        help="comma-separated seeds (default: the card's)")
+    parser.add_argument("--only", type=lambda s: s.split(","), default=None, help="comma-separated run names")
+    parser.add_argument("--out", type=Path, default=Path("runs/repro"), help="report root (default runs/repro)")
+    parser.add_argument("--record", action="store_true", help="write the measured numbers into the card's recorded: block")
+    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: extra LightningCLI args for every run")
+    args = parser.parse_args(argv)
+    if args.list:
+        return list_cards()
+    if not args.slug:
+        parser.error("give a card slug (see `litlab repro --list`)")
+    card = load_card(seeds_dir() / f"{args.slug}.yaml")
+    extra = [a for a in args.extra if a != "--"]
+    res = reproduce(card, args.scale, args.seeds, args.only, args.out, extra)
+    command = "litlab repro " + " ".join(argv)
+    out_dir = args.out / card.slug
+    atomic_write_json(out_dir / "results.json", res)
+    atomic_write_text(out_dir / "report.md", render_markdown(card, res, command))
+    plot(res, out_dir / f"{card.slug}_{args.scale}.png")
+    print_table(card, res)
+    print(f"report: {out_dir / 'report.md'}", file=sys.stderr)
+    if args.record:
+        record_into_card(card, res, command)
+    return 0 if res["passed"] in (True, None) else 1

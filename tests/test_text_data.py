@@ -1,0 +1,88 @@
+import pytest
+import torch
+
+from datamodules.bundled import load_bundled
+from datamodules.text import _CORPUS_CACHE, CharTokenizer, LocalTextDataModule, local_text_corpus
+
+
+def test_corpus_is_large_and_deterministic():
+    text = local_text_corpus(200_000)
+    assert len(text) >= 200_000
+    _CORPUS_CACHE.clear()  # rebuild, not just hit the cache
+    assert local_text_corpus(200_000) == text
+
+
+def test_corpus_too_small_error_names_the_numbers():
+    with pytest.raises(RuntimeError, match=r"min_chars=100000000"):
+        local_text_corpus(min_chars=100_000_000)
+
+
+def test_tokenizer_round_trip_and_unknowns():
+    tokenizer = CharTokenizer()
+    assert tokenizer.vocab_size == 97
+    text = "Hello, world!\n  ~{x: [1, 2]}\\"
+    ids = tokenizer.encode(text)
+    assert ids.dtype == torch.long and ids.shape == (len(text),)
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.decode(ids.tolist()) == text
+    assert tokenizer.encode("é\tß").tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="97"):
+        tokenizer.decode([97])
+
+
+def first_batch(dm):
+    return next(iter(dm.train_dataloader()))
+
+
+def test_batches_are_shifted_windows():
+    dm = LocalTextDataModule(block_size=32, batch_size=4)
+    dm.setup("fit")
+    assert dm.vocab_size == 97
+    batch = first_batch(dm)
+    assert batch["input_ids"].shape == batch["labels"].shape == (4, 32)
+    assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
+    val = list(dm.val_dataloader())
+    assert sum(len(b["input_ids"]) for b in val) == 256
+    assert torch.equal(val[0]["input_ids"][:, 1:], val[0]["labels"][:, :-1])
+
+
+def test_halves_are_disjoint_and_cover_the_corpus():
+    first, second = (LocalTextDataModule(split=s) for s in ("first_half", "second_half"))
+    full = LocalTextDataModule(split="all")
+    for dm in (first, second, full):
+        dm.setup("fit")
+    n_first = len(first.train_ids) + len(first.val_ids)
+    n_second = len(second.train_ids) + len(second.val_ids)
+    assert n_first + n_second == len(full.train_ids) + len(full.val_ids)
+    corpus_ids = torch.cat([full.train_ids, full.val_ids])
+    assert torch.equal(torch.cat([first.train_ids, first.val_ids]), corpus_ids[:n_first])
+    assert torch.equal(torch.cat([second.train_ids, second.val_ids]), corpus_ids[n_first:])
+
+
+def test_train_batches_reproducible_per_seed_and_epoch():
+    a, b, c = (LocalTextDataModule(block_size=16, batch_size=8, seed=s) for s in (0, 0, 1))
+    assert torch.equal(first_batch(a)["input_ids"], first_batch(b)["input_ids"])
+    assert not torch.equal(first_batch(a)["input_ids"], first_batch(c)["input_ids"])
+    loader = a.train_dataloader()
+    epoch0 = next(iter(loader))["input_ids"]
+    loader.sampler.set_epoch(1)
+    assert not torch.equal(next(iter(loader))["input_ids"], epoch0)
+    assert len(loader) == 3200 // 8
+
+
+def test_bad_arguments_have_clear_errors():
+    with pytest.raises(ValueError, match=r"block_size=100000 is too large for the validation split"):
+        LocalTextDataModule(block_size=100_000).setup("fit")
+    with pytest.raises(ValueError, match=r"val_fraction=1.5"):
+        LocalTextDataModule(val_fraction=1.5)
+    with pytest.raises(ValueError, match=r"split='middle'"):
+        LocalTextDataModule(split="middle")
+    with pytest.raises(ValueError, match=r"batch_size=0"):
+        LocalTextDataModule(batch_size=0)
+
+
+def test_load_bundled_digits_and_unknown_name():
+    X, y = load_bundled("digits")
+    assert X.shape == (1797, 64) and y.shape == (1797,)
+    with pytest.raises(ValueError, match=r"'mnist'.*digits.*fetch_"):
+        load_bundled("mnist")
