@@ -100,7 +100,12 @@ def load_records(path: str) -> list[dict[str, Any]]:
     local = os.path.expanduser(path)
     if os.path.isfile(local):
         with open(local, encoding="utf-8") as file:
-            return _check_records(json.load(file), path)
+            try:
+                return _check_records(json.load(file), path)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"data file {path!r} is not one JSON list (LLM-Adapters format): {err}"
+                ) from err
     try:
         validate_repo_id(path)
         looks_like_id = not path.endswith((".json", ".jsonl"))

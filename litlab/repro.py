@@ -1,8 +1,8 @@
 """``litlab repro <slug>``: run a paper's method and its baselines over seeds, check the claim, write a report.
 
 Every run goes through the same LightningCLI path as ``litlab fit`` (``LitlabCLI``), with the card's overrides,
-into ``runs/repro/<slug>/<run>/<config hash>-s<seed>/``. A run whose ``summary.json`` says finished is reused,
-so an interrupted reproduction resumes where it stopped. The report (``report.md``, ``results.json``, a bar
+into ``runs/repro/<slug>/<config stem>/<config hash>-s<seed>/``. A run whose ``summary.json`` says finished is
+reused (also by another card entry with the same resolved config), so an interrupted reproduction resumes. The report (``report.md``, ``results.json``, a bar
 plot) goes to ``runs/repro/<slug>/``; the exit code is 1 when the card's expectation does not hold.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import statistics
 import sys
@@ -24,6 +25,9 @@ from litlab.cards import Card, CardError, evaluate, load_card, split_clauses
 from litlab.runs import atomic_write_json, atomic_write_text
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Many runs in one terminal: a table at the end says more than a progress bar per run (none of these
+# change what a run computes, so they leave its identity hash alone).
+QUIET_RUN_ARGS = ("--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false")
 
 
 def seeds_dir() -> Path:
@@ -49,14 +53,17 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
     if not config.exists():
         raise CardError(f"{card.path}: runs.{run_name} config {config} does not exist")
     args = ["fit", f"--config={config}", *override_args(spec.all_overrides(scale)), f"--seed_everything={seed}",
-            f"--experiment={run_name}", f"--runs_dir={out_dir}", *extra]
+            f"--experiment={Path(spec.config_path(scale)).stem}", f"--runs_dir={out_dir}", *QUIET_RUN_ARGS, *extra]
     reused = True
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when args come from both places
     try:
         cli = LitlabCLI(args=args, skip_finished=True)
         run_dir = cli.run_dir
         reused = False
     except RunAlreadyFinished as done:
         run_dir = done.run_dir
+    finally:
+        sys.argv = argv
     summary = json.loads((run_dir / "summary.json").read_text())
     if summary.get("status") != "finished":
         raise RuntimeError(f"run {run_name} seed {seed} did not finish: {summary.get('status')} ({run_dir})")
@@ -207,7 +214,7 @@ def list_cards() -> int:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="litlab repro", description=__doc__.split("\n")[0])
-    parser.add_argument("slug", nargs="?", help="card name: seeds/<slug>.yaml")
+    parser.add_argument("slug", nargs="?", help="card name (seeds/<slug>.yaml) or a path to a card file")
     parser.add_argument("--list", action="store_true", help="list cards and their last recorded result")
     parser.add_argument("--scale", choices=["quick", "full"], default="quick")
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",") if x], default=None,
@@ -221,7 +228,10 @@ def main(argv: list[str]) -> int:
         return list_cards()
     if not args.slug:
         parser.error("give a card slug (see `litlab repro --list`)")
-    card = load_card(seeds_dir() / f"{args.slug}.yaml")
+    for name in ("lightning.pytorch", "lightning.fabric"):  # per-run banners drown the report
+        logging.getLogger(name).setLevel(logging.WARNING)
+    card_path = Path(args.slug) if args.slug.endswith((".yaml", ".yml")) else seeds_dir() / f"{args.slug}.yaml"
+    card = load_card(card_path)
     extra = [a for a in args.extra if a != "--"]
     res = reproduce(card, args.scale, args.seeds, args.only, args.out, extra)
     command = "litlab repro " + " ".join(argv)

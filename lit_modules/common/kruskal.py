@@ -29,8 +29,13 @@ def khatri_rao(D: Tensor, C: Tensor) -> Tensor:
 
 
 def normalize_columns(M: Tensor, delta: float = 1e-6) -> Tensor:
-    """Unit-norm columns, so the penalty cannot be lowered by inflating norms (§3.4 step 1)."""
-    return M / (M.norm(dim=0, keepdim=True) + delta)
+    """Unit-norm columns, so the penalty cannot be lowered by inflating norms (§3.4 step 1).
+
+    Divides by ``max(‖M[:, j]‖, δ)`` rather than the spec's ``‖M[:, j]‖ + δ``: the same guard for zero columns,
+    but exactly unit norm otherwise, which §7.4's invariants (P(cM) = P(M), the orthogonal floor, to 1e-5)
+    need. A zero column stays zero, so the penalty's gradient at B = 0 is still exactly 0.
+    """
+    return M / M.norm(dim=0, keepdim=True).clamp_min(delta)
 
 
 def _column_blocks(n: int, q: int, mode: BlockMode, generator: torch.Generator | None) -> Tensor:

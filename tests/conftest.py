@@ -1,0 +1,18 @@
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_model_cache(tmp_path_factory):
+    """One cache of locally pre-trained base models for the whole test session (per xdist worker)."""
+    if "LITLAB_CACHE" not in os.environ:
+        os.environ["LITLAB_CACHE"] = str(tmp_path_factory.mktemp("litlab_cache"))
+    yield
