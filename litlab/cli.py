@@ -69,6 +69,13 @@ class LitlabCLI(LightningCLI):
                             help="Run folder name. Default: <config hash>-s<seed>, so a relaunch resumes.")
         parser.add_argument("--runs_dir", type=str, default="runs", help="Root folder of all runs.")
 
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI reads a given checkpoint's hyper-parameters before anything else: check it first."""
+        ckpt_path = self.config[self.config.subcommand].get("ckpt_path") if self.config.get("subcommand") else None
+        if ckpt_path and Path(ckpt_path).is_file():
+            SafeCheckpointIO().load_checkpoint(ckpt_path, map_location="cpu")  # clear error when truncated
+        super()._parse_ckpt_path()
+
     # ---- run identity ---------------------------------------------------------------------------
     def _section(self) -> Any:
         return self.config[self.subcommand] if self.subcommand else self.config

@@ -44,6 +44,12 @@ def override_args(overrides: dict[str, Any]) -> list[str]:
     return args
 
 
+def _finish_wandb_run() -> None:
+    """In-process runs would otherwise all log into the first run's wandb run."""
+    if "wandb" in sys.modules and sys.modules["wandb"].run is not None:
+        sys.modules["wandb"].finish()
+
+
 def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> dict[str, Any]:
     """One LightningCLI fit; returns its summary (reused when it already finished)."""
     from litlab.cli import LitlabCLI, RunAlreadyFinished
@@ -64,6 +70,7 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
         run_dir = done.run_dir
     finally:
         sys.argv = argv
+        _finish_wandb_run()
     summary = json.loads((run_dir / "summary.json").read_text())
     if summary.get("status") != "finished":
         raise RuntimeError(f"run {run_name} seed {seed} did not finish: {summary.get('status')} ({run_dir})")

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-# Keys that name *where* or *how visibly* a run happens, not *what* it computes.
+# Keys that name *where* or *how visibly* a run happens, not *what* it computes (the seed is kept apart:
+# it is the run id's suffix, so the seeds of one config share a hash prefix).
 IDENTITY_EXCLUDED_KEYS = frozenset({
-    "config", "experiment", "run_id", "runs_dir", "ckpt_path", "subcommand",
+    "seed_everything", "config", "experiment", "run_id", "runs_dir", "ckpt_path", "subcommand",
     "trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar", "trainer.default_root_dir",
     "trainer.enable_model_summary", "trainer.log_every_n_steps",
 })
@@ -99,7 +100,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
                 raise CheckpointError(f"{path} holds objects that are not plain tensors/containers; load it with "
                                       f"weights_only=False only if you trust its source.\n{err}") from err
             raise _corrupt(path, err) from err
-        except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as err:
+        except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as err:
             raise _corrupt(path, err) from err
 
 

@@ -1,0 +1,53 @@
+# litlab: `make demo` runs the LoKRA reproduction on CPU; `make test` runs the default test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A pinned torch first, so that no multi-GB CUDA build is pulled on a CPU machine. On a GPU machine:
+#   make install TORCH_VERSION=<version> TORCH_INDEX_URL=<your CUDA wheel index>
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX_URL ?=
+TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
+PYTEST_WORKERS ?= 2
+
+.PHONY: install install-dev check-torch demo test test-slow lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.torch: | $(BIN)/python
+	$(BIN)/python -m pip install $(TORCH_PIP_ARGS) "torch==$(TORCH_VERSION)"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(BIN)/python -m pip install -e .
+	$(MAKE) --no-print-directory check-torch
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(BIN)/python -m pip install -e '.[dev]'
+	$(MAKE) --no-print-directory check-torch
+	touch $@
+
+# Nothing the project installs may replace the pinned torch.
+check-torch:
+	@$(BIN)/python -c "import torch, sys; v = torch.__version__; ok = v.split('+')[0] == '$(TORCH_VERSION)'; \
+	print(f'torch {v}: pinned build kept' if ok else f'torch {v} replaced the pinned $(TORCH_VERSION)'); sys.exit(0 if ok else 1)"
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: install
+	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/litlab repro lokra
+
+test: install-dev
+	WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q --durations=10
+
+test-slow: install-dev
+	WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m slow
+
+lint: install-dev
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf runs wandb lightning_logs
