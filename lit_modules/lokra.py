@@ -27,8 +27,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lit_modules.common.adapters import AdapterLinear, adapter_parameters, adapter_regularizer, inject_adapters
-from lit_modules.common.kruskal import blockwise_logdet_penalty, effective_rank, sampled_logvol, sampled_sigma_min
+from lit_modules.common.adapters import (
+    AdapterLinear,
+    adapter_parameters,
+    adapter_regularizer,
+    inject_adapters,
+)
+from lit_modules.common.kruskal import (
+    blockwise_logdet_penalty,
+    effective_rank,
+    sampled_logvol,
+    sampled_sigma_min,
+)
 
 Mode = Literal["lora", "lokra", "lokra_plus"]
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "up_proj", "down_proj"]  # DoRA commonsense protocol (§3.6)

@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import (
+    Callback,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ProgressBar,
+    RichProgressBar,
+)
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 

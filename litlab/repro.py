@@ -229,8 +229,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", type=lambda s: s.split(","), default=None, help="comma-separated run names")
     parser.add_argument("--out", type=Path, default=Path("runs/repro"), help="report root (default runs/repro)")
     parser.add_argument("--record", action="store_true", help="write the measured numbers into the card's recorded: block")
-    parser.add_argument("extra", nargs=argparse.REMAINDER, help="after --: extra LightningCLI args for every run")
-    args = parser.parse_args(argv)
+    parser.epilog = "Arguments after `--` go to every run's LightningCLI (e.g. -- --trainer.accelerator=gpu)."
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.list:
         return list_cards()
     if not args.slug:
@@ -239,7 +240,6 @@ def main(argv: list[str]) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     card_path = Path(args.slug) if args.slug.endswith((".yaml", ".yml")) else seeds_dir() / f"{args.slug}.yaml"
     card = load_card(card_path)
-    extra = [a for a in args.extra if a != "--"]
     res = reproduce(card, args.scale, args.seeds, args.only, args.out, extra)
     command = "litlab repro " + " ".join(argv)
     out_dir = args.out / card.slug
