@@ -33,12 +33,7 @@ from lit_modules.common.adapters import (
     adapter_regularizer,
     inject_adapters,
 )
-from lit_modules.common.kruskal import (
-    blockwise_logdet_penalty,
-    effective_rank,
-    sampled_logvol,
-    sampled_sigma_min,
-)
+from lit_modules.common.kruskal import blockwise_logdet_penalty
 
 Mode = Literal["lora", "lokra", "lokra_plus"]
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "up_proj", "down_proj"]  # DoRA commonsense protocol (§3.6)
@@ -55,7 +50,8 @@ def inject_lokra(model: nn.Module, mode: Mode, targets: str | list[str], rank: i
 
 
 class LoKRARule:
-    """The part LoKRA adds to an adapted model: the Kruskal penalty and its diagnostics."""
+    """The part LoKRA adds to an adapted model: the Kruskal penalty. Its effect on the factors is logged by
+    ``callbacks.adapter_stats.AdapterSpectrumCallback`` (configured in configs/lokra/*.yaml)."""
 
     def __init__(self, adapted: Mapping[str, AdapterLinear], lam: float, eps: float, delta: float,
                  block_mode: Literal["random", "fixed"], normalize: bool, seed: int):
@@ -68,25 +64,6 @@ class LoKRARule:
         return adapter_regularizer(self.adapted, lambda _m, _b, branch: sum(
             blockwise_logdet_penalty(M, None, gen, self.eps, self.delta, self.block_mode, self.normalize)
             for M in branch.kruskal_factors()))
-
-    @torch.no_grad()
-    def diagnostics(self, n_samples: int = 500) -> dict[str, float]:
-        """Sampled log-volume and median σ_min of q-column subsets, and effective rank of ΔW (§5)."""
-        gen = torch.Generator().manual_seed(12345)
-        logvol, sigma, erank = [], [], []
-        for layer in self.adapted.values():
-            for branch in layer.branches.values():
-                for M in branch.kruskal_factors():
-                    if M.abs().sum() == 0:  # B (or C) before its first update: no directions yet
-                        continue
-                    logvol.append(sampled_logvol(M, None, n_samples, gen))
-                    sigma.append(sampled_sigma_min(M, None, n_samples, gen).median())
-                erank.append(effective_rank(branch.delta_weight()))
-        out = {"adapters/eff_rank": float(torch.stack(erank).mean())}
-        if logvol:
-            out["adapters/kruskal_logvol"] = float(torch.stack(logvol).mean())
-            out["adapters/kruskal_sigma_min_median"] = float(torch.stack(sigma).mean())
-        return out
 
 
 class _LoKRABase(L.LightningModule):
@@ -120,10 +97,6 @@ class _LoKRABase(L.LightningModule):
         self.log("train/loss_task", loss_task, prog_bar=True)
         self.log("train/loss", loss)
         return loss
-
-    def on_validation_epoch_end(self) -> None:
-        for k, v in self.rule.diagnostics().items():
-            self.log(k, v)
 
     def merge_adapters(self) -> None:
         for layer in self.adapted.values():

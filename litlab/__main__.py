@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,6 +15,8 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("WANDB_MODE", wandb_mode())
     os.environ.setdefault("WANDB_SILENT", "true")
+    # Lightning 2.6 on torch 2.13 warns about torch's pytree API once per run: noise in a 20-run repro.
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)
     if argv and argv[0] == "repro":
         from litlab.repro import main as repro_main
 

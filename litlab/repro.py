@@ -152,7 +152,7 @@ def print_table(card: Card, res: dict[str, Any]) -> None:
         table.add_column(col)
     for name, r in res["runs"].items():
         table.add_row(name, r["metric"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", ", ".join(_fmt(v) for v in r["values"]))
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)  # a log file still gets readable rows
     console.print(table)
     console.print(f"expectation: {res['expectation']}")
     for c in res["clauses"]:
@@ -197,7 +197,7 @@ def record_into_card(card: Card, res: dict[str, Any], command: str) -> None:
                                       for n, r in res["runs"].items()}}}
     text = card.path.read_text()
     head = text.split("\nrecorded:", 1)[0].rstrip() + "\n"
-    atomic_write_text(card.path, head + yaml.safe_dump(block, sort_keys=False, width=110))
+    atomic_write_text(card.path, head + yaml.safe_dump(block, sort_keys=False, width=110, default_flow_style=None))
 
 
 # ---- command line -------------------------------------------------------------------------------
