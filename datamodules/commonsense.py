@@ -25,6 +25,7 @@ from huggingface_hub.utils import validate_repo_id
 from torch.utils.data import DataLoader
 
 from lit_modules.common.hf import (
+    ResourceUnavailableError,
     download_instructions,
     hub_unreachable_reason,
     load_tokenizer,
@@ -44,7 +45,7 @@ IGNORE_INDEX = -100  # torch cross_entropy's default ignore_index
 _TOKENIZE_CHUNK = 1024  # records per tokenizer call: fast batching without a 170k-long list of lists
 
 
-class DatasetUnavailableError(RuntimeError):
+class DatasetUnavailableError(ResourceUnavailableError):
     """A data set is neither a local file nor downloadable from here."""
 
 

@@ -35,6 +35,7 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 import datamodules
 import lit_modules
 from callbacks.run_summary import RunSummary
+from lit_modules.common.hf import unavailable_cause
 from litlab.runs import SafeCheckpointIO, default_run_id, wandb_mode
 
 
@@ -102,6 +103,15 @@ class LitlabCLI(LightningCLI):
         self.run_dir = Path(cfg.runs_dir) / self._experiment_name(cfg) / run_id
         if self.skip_finished and _finished(self.run_dir):
             raise RunAlreadyFinished(self.run_dir)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as err:  # jsonargparse's "Problem with given class_path" around the real reason
+            cause = unavailable_cause(err)
+            if cause is None:
+                raise
+            raise cause from None
 
     # ---- default loggers, callbacks, plugins ----------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:

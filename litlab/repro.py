@@ -239,8 +239,19 @@ def main(argv: list[str]) -> int:
     for name in ("lightning.pytorch", "lightning.fabric"):  # per-run banners drown the report
         logging.getLogger(name).setLevel(logging.WARNING)
     card_path = Path(args.slug) if args.slug.endswith((".yaml", ".yml")) else seeds_dir() / f"{args.slug}.yaml"
-    card = load_card(card_path)
-    res = reproduce(card, args.scale, args.seeds, args.only, args.out, extra)
+    try:
+        card = load_card(card_path)
+    except CardError as err:
+        print(f"litlab repro: {err}", file=sys.stderr)
+        return 2
+    from lit_modules.common.hf import ResourceUnavailableError
+
+    try:
+        res = reproduce(card, args.scale, args.seeds, args.only, args.out, extra)
+    except (CardError, ResourceUnavailableError) as err:
+        # a full-scale run on a machine without the model or data: say what is missing, no traceback
+        print(f"litlab repro {card.slug} --scale {args.scale}: {err}", file=sys.stderr)
+        return 2
     command = "litlab repro " + " ".join(argv)
     out_dir = args.out / card.slug
     atomic_write_json(out_dir / "results.json", res)

@@ -121,3 +121,15 @@ def test_override_args_format():
     assert override_args({"model.init_args.mode": "lora", "trainer.max_steps": 5, "m.targets": ["q", "v"],
                           "m.lam": 0.001}) == ["--model.init_args.mode=lora", "--trainer.max_steps=5",
                                                "--m.targets=[q, v]", "--m.lam=0.001"]
+
+
+def test_full_scale_offline_stops_at_once_with_what_is_missing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert repro_main(["lokra", "--scale", "full", "--out", str(tmp_path), "--only", "lora_lm"]) == 2
+    err = capsys.readouterr().err
+    assert "meta-llama/Meta-Llama-3-8B" in err and "hf download" in err
+
+
+def test_invalid_card_path_is_reported(tmp_path, capsys):
+    assert repro_main([str(tmp_path / "missing.yaml")]) == 2
+    assert "no reproduction card at" in capsys.readouterr().err

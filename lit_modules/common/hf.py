@@ -42,7 +42,22 @@ GATED_ORGS = ("meta-llama/",)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelUnavailableError(RuntimeError):
+class ResourceUnavailableError(RuntimeError):
+    """A full-scale run needs a model or data set that is neither on this machine nor downloadable."""
+
+
+def unavailable_cause(err: BaseException) -> ResourceUnavailableError | None:
+    """The ``ResourceUnavailableError`` behind ``err`` (jsonargparse wraps errors raised while it builds a class)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, ResourceUnavailableError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+class ModelUnavailableError(ResourceUnavailableError):
     """A model or tokenizer is neither on this machine nor downloadable from here."""
 
 
