@@ -23,7 +23,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 # Keys that name *where* or *how visibly* a run happens, not *what* it computes (the seed is kept apart:
 # it is the run id's suffix, so the seeds of one config share a hash prefix).
 IDENTITY_EXCLUDED_KEYS = frozenset({
-    "seed_everything", "config", "experiment", "run_id", "runs_dir", "ckpt_path", "subcommand",
+    "seed_everything", "config", "experiment", "run_id", "runs_dir", "ckpt_path", "subcommand", "verbose",
     "trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar", "trainer.default_root_dir",
     "trainer.enable_model_summary", "trainer.log_every_n_steps",
 })

@@ -46,6 +46,11 @@ def test_run_layout_summary_checkpoint_and_loggers(tmp_path):
     with pytest.raises(RunAlreadyFinished) as done:
         LitlabCLI(args=[*args, f"--runs_dir={tmp_path / 'runs'}"], skip_finished=True)
     assert done.value.run_dir == run_dir
+    # validate the trained checkpoint in the same run folder: the same metric as at the end of fit
+    validated = run(["validate", *args[1:], "--ckpt_path=last"], tmp_path)
+    assert validated.run_dir == run_dir
+    after = json.loads((run_dir / "summary-validate.json").read_text())["metrics"]["val/rel_err"]
+    assert after == pytest.approx(summary["metrics"]["val/rel_err"], abs=1e-6)
     other_seed = run([*args, "--seed_everything=1"], tmp_path)
     assert other_seed.run_dir.name.endswith("-s1") and other_seed.run_dir.name[:10] == run_dir.name[:10]
 
