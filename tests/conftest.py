@@ -3,6 +3,9 @@ from pathlib import Path
 
 import pytest
 
+# Two xdist workers (plus the subprocesses some tests start) on two cores: one thread each, or tiny
+# matmuls spend their time in thread contention.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
