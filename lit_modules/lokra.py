@@ -53,9 +53,9 @@ class LoKRARule:
     """The part LoKRA adds to an adapted model: the Kruskal penalty. Its effect on the factors is logged by
     ``callbacks.adapter_stats.AdapterSpectrumCallback`` (configured in configs/lokra/*.yaml)."""
 
-    def __init__(self, adapted: Mapping[str, AdapterLinear], lam: float, eps: float, delta: float,
+    def __init__(self, adapted: Mapping[str, AdapterLinear], eps: float, delta: float,
                  block_mode: Literal["random", "fixed"], normalize: bool, seed: int):
-        self.adapted, self.lam, self.eps, self.delta = adapted, lam, eps, delta
+        self.adapted, self.eps, self.delta = adapted, eps, delta
         self.block_mode, self.normalize, self.seed = block_mode, normalize, seed
 
     def penalty(self, step: int) -> Tensor:
@@ -73,7 +73,7 @@ class _LoKRABase(L.LightningModule):
 
     def _setup_rule(self) -> None:
         hp = self.hparams
-        self.rule = LoKRARule(self.adapted, hp.lam, hp.penalty_eps, hp.penalty_delta, hp.block_mode,
+        self.rule = LoKRARule(self.adapted, hp.penalty_eps, hp.penalty_delta, hp.block_mode,
                               hp.penalty_normalize, hp.penalty_seed)
 
     def task_loss(self, batch) -> Tensor:

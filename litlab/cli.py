@@ -8,6 +8,7 @@ Every run, unless its config says otherwise, gets:
 * a WandbLogger (offline unless the user is logged in; ``WANDB_MODE=disabled`` drops it) and a CSVLogger;
 * RichProgressBar, LearningRateMonitor, and a ModelCheckpoint that keeps ``last.ckpt``;
 * ``summary.json`` with the final metrics (``callbacks.run_summary.RunSummary``);
+* ``adapters.safetensors``, the adapters alone, when the model has any (``callbacks.save_adapters.SaveAdapters``);
 * checkpoints loaded with ``weights_only=True`` and a clear error for a truncated file;
 * a folder ``runs/<experiment>/<run-id>/`` where ``run-id = <config hash>-s<seed>``, so relaunching the same
   config with ``--ckpt_path last`` resumes the interrupted attempt.
@@ -35,6 +36,7 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 import datamodules
 import lit_modules
 from callbacks.run_summary import RunSummary
+from callbacks.save_adapters import SaveAdapters
 from lit_modules.common.hf import unavailable_cause
 from litlab.runs import SafeCheckpointIO, default_run_id, wandb_mode
 
@@ -139,6 +141,8 @@ class LitlabCLI(LightningCLI):
 
         defaults: list[Callback] = [RunSummary(run_dir, {"run_id": run_id, "experiment": experiment,
                                                           "seed": self._get(self.config, "seed_everything")})]
+        if not _has(user_callbacks, SaveAdapters):
+            defaults.append(SaveAdapters())  # a no-op for models without adapters
         if not _has(user_callbacks, ModelCheckpoint) and trainer_cfg.get("enable_checkpointing", True) is not False:
             defaults.append(ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), save_last=True))
         if not _has(user_callbacks, ProgressBar) and trainer_cfg.get("enable_progress_bar", True) is not False:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from litlab.cli import LitlabCLI
 
@@ -36,6 +37,13 @@ def test_run_layout_summary_checkpoint_and_loggers(tmp_path):
     assert summary["status"] == "finished" and summary["global_step"] == 20
     assert 0 <= summary["metrics"]["val/rel_err"] < 1.5
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
+    # the adapters alone, loadable onto a fresh base: same ΔW as the trained module's
+    from lit_modules.common.adapters import load_adapters
+    from lit_modules.lokra import LoKRAMatrixApprox
+
+    fresh = LoKRAMatrixApprox(mode="lokra_plus")
+    load_adapters(fresh, run_dir / "adapters.safetensors")
+    assert torch.allclose(fresh.adapted["layer"].delta_weight(), cli.model.adapted["layer"].delta_weight())
     assert list(run_dir.glob("csv/version_*/metrics.csv"))
     assert list(run_dir.glob("csv/version_*/config.yaml"))  # each attempt's resolved config beside its metrics
     callbacks = {type(c).__name__ for c in cli.trainer.callbacks}
