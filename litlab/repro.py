@@ -113,7 +113,9 @@ def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, 
     return {"slug": card.slug, "title": card.title, "claim": card.claim, "scale": scale, "seeds": seeds,
             "metric": {"name": card.metric.name, "mode": card.metric.mode}, "runs": per_run, "expectation": expr,
             "clauses": clauses, "passed": verdict, "date": date.today().isoformat(),
-            "wall_time_s": round(time.time() - started, 1)}
+            "wall_time_s": round(time.time() - started, 1),
+            "reused_runs": sum(r["reused"] for run in per_run.values() for r in run["runs"]),
+            "total_runs": sum(len(run["runs"]) for run in per_run.values())}
 
 
 # ---- report -------------------------------------------------------------------------------------
@@ -127,7 +129,8 @@ def _verdict(v: bool | None) -> str:
 
 def render_markdown(card: Card, res: dict[str, Any], command: str) -> str:
     lines = [f"# {card.title} — reproduction ({res['scale']})", "", f"**Claim.** {card.claim}", "",
-             f"Command: `{command}`  ", f"Date: {res['date']}, seeds {res['seeds']}, wall time {res['wall_time_s']} s", "",
+             f"Command: `{command}`  ", f"Date: {res['date']}, seeds {res['seeds']}, wall time {res['wall_time_s']} s "
+             f"({res['reused_runs']} of {res['total_runs']} runs reused from earlier invocations)", "",
              "| run | metric | mean ± std | per seed | recorded |", "|---|---|---|---|---|"]
     recorded = (card.recorded.get("results") or {})
     for name, r in res["runs"].items():
@@ -157,7 +160,8 @@ def print_table(card: Card, res: dict[str, Any]) -> None:
     console.print(f"expectation: {res['expectation']}")
     for c in res["clauses"]:
         console.print(f"  {_verdict(c['holds'])}  {c['clause']}")
-    console.print(f"[bold]{_verdict(res['passed'])}[/bold]  ({res['wall_time_s']} s)")
+    console.print(f"[bold]{_verdict(res['passed'])}[/bold]  ({res['wall_time_s']} s; "
+                  f"{res['reused_runs']} of {res['total_runs']} runs reused)")
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
@@ -174,9 +178,12 @@ def plot(res: dict[str, Any], path: Path) -> None:
     for ax, (metric, names) in zip(axes[0], groups.items()):
         means = [res["runs"][n]["mean"] for n in names]
         stds = [res["runs"][n]["std"] for n in names]
-        ax.bar(range(len(names)), means, yerr=stds, capsize=4, color="tab:blue")
+        # points, not bars from zero: the differences that matter are often small against the values
         for i, n in enumerate(names):
-            ax.scatter([i] * len(res["runs"][n]["values"]), res["runs"][n]["values"], color="k", s=8, zorder=3)
+            ax.scatter([i] * len(res["runs"][n]["values"]), res["runs"][n]["values"], color="0.6", s=10, zorder=2)
+        ax.errorbar(range(len(names)), means, yerr=stds, fmt="o", color="tab:blue", capsize=4, zorder=3)
+        ax.set_xlim(-0.5, len(names) - 0.5)
+        ax.grid(axis="y", alpha=0.3)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
         ax.set_ylabel(metric)
     fig.suptitle(f"{res['slug']} ({res['scale']}): {_verdict(res['passed'])}")
