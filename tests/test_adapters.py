@@ -206,3 +206,15 @@ def test_bad_branch_arguments_are_named():
         layer.add_branch("c", init="xavier")
     with pytest.raises(TypeError, match="wraps nn.Linear, got Conv1d"):
         AdapterLinear(nn.Conv1d(2, 2, 1))
+
+
+def test_float32_factors_on_a_bfloat16_base():
+    layer = AdapterLinear(nn.Linear(8, 4).to(torch.bfloat16))
+    branch = layer.add_branch("default", rank=2)
+    with torch.no_grad():
+        branch.B.normal_()
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    y = layer(x)
+    assert y.dtype == torch.bfloat16 and branch.A.dtype == torch.float32
+    expected = layer.base(x).float() + x.float() @ branch.delta_weight().T
+    assert torch.allclose(y.float(), expected, atol=0.1)

@@ -68,6 +68,10 @@ class LowRankBranch(nn.Module):
     def factors(self) -> dict[str, nn.Parameter]:
         return {"A": self.A, "B": self.B}
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.A.dtype
+
     def kruskal_factors(self) -> list[Tensor]:
         """Matrices whose columns should be k-independent: A and Bᵀ (lokra.md §3.2)."""
         return [self.A, self.B.T]
@@ -104,6 +108,10 @@ class KhatriRaoBranch(nn.Module):
 
     def factors(self) -> dict[str, nn.Parameter]:
         return {"D": self.D, "C": self.C}
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.D.dtype
 
     def kruskal_factors(self) -> list[Tensor]:
         return [self.D, self.C]
@@ -220,7 +228,8 @@ class AdapterLinear(nn.Module):
         y = self.base(x)
         for name, branch in self.branches.items():
             if name not in self._merged:
-                y = y + branch(x)
+                # factors stay float32 on a bf16/fp16 base (as in PEFT): compute in theirs, add in the base's
+                y = y + branch(x.to(branch.dtype)).to(y.dtype)
         return y
 
     def extra_repr(self) -> str:
