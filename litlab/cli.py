@@ -17,6 +17,7 @@ Every run, unless its config says otherwise, gets:
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 import re
 from pathlib import Path
@@ -158,14 +159,8 @@ def _has(callbacks: list[Any], kind: type) -> bool:
 
 
 def _finished(run_dir: Path) -> bool:
-    import json
-
     summary = run_dir / "summary.json"
     try:
         return json.loads(summary.read_text()).get("status") == "finished"
     except (FileNotFoundError, json.JSONDecodeError):
         return False
-
-
-def run_cli(args: list[str] | None = None, **kwargs: Any) -> LitlabCLI:
-    return LitlabCLI(args=args, **kwargs)
