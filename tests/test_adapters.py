@@ -86,7 +86,7 @@ def test_merge_unmerge_round_trip(kind):
         m.merge()
     assert torch.allclose(model(x), unmerged, atol=1e-5)
     with pytest.raises(RuntimeError, match="already merged"):
-        next(iter(adapted.values())).merge()
+        next(iter(adapted.values())).merge("default")
     for m in adapted.values():
         m.unmerge()
     for n, m in adapted.items():  # the round trip restores W₀ to float32 rounding
@@ -218,3 +218,23 @@ def test_float32_factors_on_a_bfloat16_base():
     assert y.dtype == torch.bfloat16 and branch.A.dtype == torch.float32
     expected = layer.base(x).float() + x.float() @ branch.delta_weight().T
     assert torch.allclose(y.float(), expected, atol=0.1)
+
+
+def test_merged_state_survives_a_state_dict_round_trip():
+    model, x = _gpt(), _tokens()
+    adapted = inject_adapters(model, ["q_proj"], rank=2)
+    with torch.no_grad():
+        for p in adapter_parameters(adapted):
+            p.normal_(0, 0.2)
+    expected = model(x)
+    for m in adapted.values():
+        m.merge()
+        m.merge()  # merging "all" again skips what is merged already
+    state = model.state_dict()
+    fresh = _gpt(seed=5)
+    inject_adapters(fresh, ["q_proj"], rank=2)
+    fresh.load_state_dict(state)
+    assert torch.allclose(fresh(x), expected, atol=1e-5)  # not counted twice
+    for m in find_adapters(fresh).values():
+        m.unmerge()
+    assert torch.allclose(fresh(x), expected, atol=1e-5)

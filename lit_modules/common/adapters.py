@@ -189,7 +189,7 @@ class AdapterLinear(nn.Module):
     @torch.no_grad()
     def merge(self, name: str | None = None, coeff: Tensor | None = None, remove: bool = False) -> None:
         """W₀ ← W₀ + s·B diag(coeff) A. ``remove=True`` folds the branch in for good (LoDA's per-task merge)."""
-        for n in [name] if name is not None else list(self.branches):
+        for n in [name] if name is not None else [b for b in self.branches if b not in self._merged]:
             if n in self._merged:
                 raise RuntimeError(f"branch {n!r} is already merged")
             delta = self.branches[n].delta_weight(coeff).double()
@@ -205,6 +205,14 @@ class AdapterLinear(nn.Module):
             coeff = self._merged.pop(n)
             delta = self.branches[n].delta_weight(coeff).double()
             self.base.weight.copy_((self.base.weight.double() - delta).to(self.base.weight.dtype))
+
+    # W₀ in a checkpoint already holds merged branches: which ones must travel with it, or a reload
+    # would add them a second time.
+    def get_extra_state(self) -> dict:
+        return {"merged": dict(self._merged)}
+
+    def set_extra_state(self, state: dict) -> None:
+        self._merged = dict(state.get("merged", {}))
 
     # ---- input statistics (subspace estimation) -----------------------------------------------
     def reset_stats(self) -> None:
