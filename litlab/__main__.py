@@ -1,10 +1,20 @@
-"""The ``litlab`` command: LightningCLI subcommands, plus ``repro``."""
+"""The ``litlab`` command: LightningCLI subcommands (fit/validate/test/predict), plus litlab's own tools."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import warnings
+
+
+# Subcommands that are not LightningCLI's: each module has ``main(argv: list[str]) -> int``.
+TOOLS = {
+    "repro": "litlab.repro",  # run a reproduction card
+    "slurm": "litlab.slurm",  # write/submit an sbatch script for `litlab fit`
+    "sweep": "litlab.sweep",  # run a wandb sweep file locally, without a wandb server
+    "data": "litlab.data",  # build data sets locally (e.g. D4RL-layout HDF5)
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,10 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("WANDB_SILENT", "true")
     # Lightning 2.6 on torch 2.13 warns about torch's pytree API once per run: noise in a 20-run repro.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)
-    if argv and argv[0] == "repro":
-        from litlab.repro import main as repro_main
-
-        return repro_main(argv[1:])
+    if argv and argv[0] in TOOLS:
+        return importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
     from litlab.cli import LitlabCLI
 
     LitlabCLI(args=None if from_shell else argv)  # LightningCLI reads sys.argv itself when run from a shell

@@ -14,6 +14,7 @@ maintainers measured (``recorded:``). Example::
       lora: {config: configs/lokra/quick.yaml, overrides: {model.init_args.mode: lora}}
       lokra_plus: {config: configs/lokra/quick.yaml, overrides: {model.init_args.mode: lokra_plus}}
     expectation: lokra_plus < lora - 0.05
+    report_hook: lit_modules.lokra:report   # optional: extra figures / derived numbers for the report
     recorded: {...}
 
 Expectations are boolean expressions over run names (each stands for the run's mean over seeds), numbers,
@@ -74,6 +75,7 @@ class Card:
     seeds: dict[str, tuple[int, ...]]  # scale -> default seeds
     recorded: dict[str, Any] = field(default_factory=dict)
     paper_numbers: str = ""
+    report_hook: str = ""  # "module:function", see litlab.repro.call_report_hook
     path: Path | None = None
 
     def runs_for(self, scale: str) -> dict[str, RunSpec]:
@@ -81,7 +83,8 @@ class Card:
 
 
 _RUN_KEYS = {f.name for f in dataclasses.fields(RunSpec)} - {"name"}
-_CARD_KEYS = {"title", "venue", "claim", "metric", "runs", "expectation", "scales", "recorded", "paper_numbers"}
+_CARD_KEYS = {"title", "venue", "claim", "metric", "runs", "expectation", "scales", "recorded", "paper_numbers",
+              "report_hook"}
 
 
 def load_card(path: str | Path) -> Card:
@@ -138,12 +141,17 @@ def load_card(path: str | Path) -> Card:
         if missing:
             raise CardError(f"{where}: expectation[{scale}] names unknown runs {sorted(missing)}; runs: {sorted(known)}")
 
+    hook = str(raw.get("report_hook") or "")
+    if hook and (hook.count(":") != 1 or not all(part.strip() for part in hook.split(":"))):
+        raise CardError(f"{where}: report_hook must be 'package.module:function', got {hook!r}")
+
     scales_raw = raw.get("scales") or {}
     seeds = {s: tuple(int(x) for x in (scales_raw.get(s) or {}).get("seeds", [0, 1, 2] if s == "quick" else [0]))
              for s in SCALES}
     return Card(slug=path.stem, title=str(raw["title"]), venue=str(raw.get("venue", "")), claim=str(raw["claim"]),
                 metric=metric, runs=runs, expectation=expectation, seeds=seeds,
-                recorded=dict(raw.get("recorded") or {}), paper_numbers=str(raw.get("paper_numbers", "")), path=path)
+                recorded=dict(raw.get("recorded") or {}), paper_numbers=str(raw.get("paper_numbers", "")),
+                report_hook=hook, path=path)
 
 
 # ---- the expectation language -------------------------------------------------------------------

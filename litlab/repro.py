@@ -118,6 +118,30 @@ def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, 
             "total_runs": sum(len(run["runs"]) for run in per_run.values())}
 
 
+def call_report_hook(card: Card, res: dict[str, Any], out_dir: Path) -> None:
+    """A card's ``report_hook: "module:function"`` adds what a table of means cannot show.
+
+    The function is called as ``fn(res, out_dir)`` after all runs finished, where ``res`` is this reproduction's
+    result (``res["runs"][name]["runs"][i]["run_dir"]`` is each seed's run folder, with its ``summary.json``
+    and ``csv/`` metrics). It returns a dict with any of: ``figures`` (paths of images it wrote under
+    ``out_dir``), ``markdown`` (a section for report.md) and ``numbers`` (``{name: float}`` derived from the
+    runs, e.g. a ratio of two runs' timings; they go into results.json and into the card's ``recorded:``).
+    """
+    if not card.report_hook:
+        return
+    module_name, fn_name = card.report_hook.split(":")
+    import importlib
+
+    try:
+        fn = getattr(importlib.import_module(module_name), fn_name)
+    except (ImportError, AttributeError) as err:
+        raise CardError(f"{card.path}: report_hook {card.report_hook!r} cannot be imported: {err}") from err
+    extra = fn(res, out_dir) or {}
+    res["figures"] = [str(p) for p in extra.get("figures", [])]
+    res["report_markdown"] = str(extra.get("markdown", ""))
+    res["derived"] = {k: float(v) for k, v in (extra.get("numbers") or {}).items()}
+
+
 # ---- report -------------------------------------------------------------------------------------
 def _fmt(x: float) -> str:
     return "nan" if math.isnan(x) else (f"{x:.4g}" if abs(x) < 1e4 else f"{x:.3e}")
@@ -141,6 +165,13 @@ def render_markdown(card: Card, res: dict[str, Any], command: str) -> str:
     lines += ["", f"**Expectation** (paper's direction): `{res['expectation']}`", ""]
     lines += [f"- {_verdict(c['holds'])}: `{c['clause']}`" for c in res["clauses"]]
     lines += ["", f"**Verdict: {_verdict(res['passed'])}**", ""]
+    if res.get("derived"):
+        lines += ["## Derived numbers", "", "| name | value |", "|---|---|"]
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in res["derived"].items()] + [""]
+    if res.get("report_markdown"):
+        lines += [res["report_markdown"].strip(), ""]
+    for fig in res.get("figures", []):
+        lines += [f"![{Path(fig).stem}]({Path(fig).name})", ""]
     if card.paper_numbers:
         lines += ["## Paper's numbers", "", card.paper_numbers.strip(), ""]
     return "\n".join(lines)
@@ -160,6 +191,8 @@ def print_table(card: Card, res: dict[str, Any]) -> None:
     console.print(f"expectation: {res['expectation']}")
     for c in res["clauses"]:
         console.print(f"  {_verdict(c['holds'])}  {c['clause']}")
+    for k, v in (res.get("derived") or {}).items():
+        console.print(f"  {k} = {_fmt(v)}")
     console.print(f"[bold]{_verdict(res['passed'])}[/bold]  ({res['wall_time_s']} s; "
                   f"{res['reused_runs']} of {res['total_runs']} runs reused)")
 
@@ -202,6 +235,8 @@ def record_into_card(card: Card, res: dict[str, Any], command: str) -> None:
                           "results": {n: {"metric": r["metric"], "mean": round(r["mean"], 6), "std": round(r["std"], 6),
                                           "values": [round(v, 6) for v in r["values"]]}
                                       for n, r in res["runs"].items()}}}
+    if res.get("derived"):
+        block["recorded"]["derived"] = {k: round(v, 6) for k, v in res["derived"].items()}
     text = card.path.read_text()
     head = text.split("\nrecorded:", 1)[0].rstrip() + "\n"
     atomic_write_text(card.path, head + yaml.safe_dump(block, sort_keys=False, width=110, default_flow_style=None))
@@ -261,6 +296,7 @@ def main(argv: list[str]) -> int:
         return 2
     command = "litlab repro " + " ".join(argv)
     out_dir = args.out / card.slug
+    call_report_hook(card, res, out_dir)
     atomic_write_json(out_dir / "results.json", res)
     atomic_write_text(out_dir / "report.md", render_markdown(card, res, command))
     plot(res, out_dir / f"{card.slug}_{args.scale}.png")

@@ -67,6 +67,28 @@ def test_command_writes_report_and_exit_code_follows_expectation(tmp_path, capsy
     assert repro_main([str(failing), "--out", str(out), "--seeds", "0"]) == 1  # same runs, reused
 
 
+def ratio_hook(res, out_dir):
+    """A report hook as a card names it: reads each seed's run folder, writes a figure, derives a number."""
+    lora = [json.loads((Path(r["run_dir"]) / "summary.json").read_text())["metrics"]["val/rel_err"]
+            for r in res["runs"]["lora"]["runs"]]
+    figure = out_dir / "extra.png"
+    figure.write_bytes(b"png")
+    return {"figures": [figure], "markdown": "## Extra section", "numbers": {"plus_over_lora": res["runs"]["plus"]["mean"] / lora[0]}}
+
+
+def test_report_hook_adds_figures_sections_and_recorded_numbers(tmp_path):
+    path = write_card(tmp_path, TINY_CARD + "report_hook: tests.test_repro:ratio_hook\n")
+    out = tmp_path / "repro"
+    assert repro_main([str(path), "--out", str(out), "--seeds", "0", "--only", "lora,plus", "--record"]) == 0
+    report = (out / "tiny" / "report.md").read_text()
+    assert "## Extra section" in report and "![extra](extra.png)" in report and "plus_over_lora" in report
+    ratio = load_card(path).recorded["derived"]["plus_over_lora"]
+    assert 0 < ratio < 0.5
+    bad = write_card(tmp_path, TINY_CARD + "report_hook: tests.test_repro\n", "bad.yaml")
+    with pytest.raises(CardError, match="report_hook must be"):
+        load_card(bad)
+
+
 def test_only_runs_a_subset_and_leaves_the_verdict_open(tmp_path):
     card = load_card(write_card(tmp_path))
     res = reproduce(card, seeds=[0], only=["plus"], out_root=tmp_path / "repro")
