@@ -55,6 +55,7 @@ class RunSpec:
     metric: str | None = None  # overrides the card's metric name for this run
     scales: tuple[str, ...] = SCALES
     description: str = ""
+    optional: bool = False  # a long run (e.g. a real model on CPU): only with --all or when named by --only
 
     def config_path(self, scale: str) -> str:
         return self.config.format(scale=scale)
@@ -129,7 +130,8 @@ def load_card(path: str | Path) -> Card:
             raise CardError(f"{where}: runs.{name}.scales must be among {SCALES}, got {scales}")
         runs[name] = RunSpec(name=name, config=str(spec["config"]), overrides=dict(spec.get("overrides") or {}),
                              scale_overrides=dict(spec.get("scale_overrides") or {}), metric=spec.get("metric"),
-                             scales=scales, description=str(spec.get("description", "")))
+                             scales=scales, description=str(spec.get("description", "")),
+                             optional=bool(spec.get("optional", False)))
 
     expectation = raw["expectation"]
     expectation = {s: expectation for s in SCALES} if isinstance(expectation, str) else dict(expectation)

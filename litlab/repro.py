@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from litlab.cards import Card, CardError, evaluate, load_card, split_clauses
+from litlab.cards import Card, CardError, evaluate, expression_names, load_card, split_clauses
 from litlab.runs import atomic_write_json, atomic_write_text
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,8 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
 
 
 def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, only: list[str] | None = None,
-              out_root: Path = Path("runs/repro"), extra: list[str] | None = None) -> dict[str, Any]:
+              out_root: Path = Path("runs/repro"), extra: list[str] | None = None,
+              include_optional: bool = False) -> dict[str, Any]:
     seeds = list(seeds if seeds is not None else card.seeds[scale])
     runs = card.runs_for(scale)
     if only:
@@ -90,6 +91,9 @@ def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, 
         if unknown:
             raise CardError(f"--only names unknown runs {sorted(unknown)}; the card has {sorted(runs)} at scale {scale}")
         runs = {n: runs[n] for n in only}
+    elif not include_optional:
+        runs = {n: r for n, r in runs.items() if not r.optional}
+    skipped_optional = {n for n, r in card.runs_for(scale).items() if r.optional and n not in runs}
     out_dir = out_root / card.slug
     started = time.time()
     per_run: dict[str, Any] = {}
@@ -105,11 +109,15 @@ def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, 
     clauses = []
     if expr:
         for clause in split_clauses(expr):
+            if expression_names(clause) & skipped_optional:
+                clauses.append({"clause": clause, "holds": None, "skipped": True})  # optional run not asked for
+                continue
             try:
                 clauses.append({"clause": clause, "holds": evaluate(clause, means, stds)})
             except CardError:
                 clauses.append({"clause": clause, "holds": None})  # a run it needs was left out by --only
-    verdict = None if not clauses or any(c["holds"] is None for c in clauses) else all(c["holds"] for c in clauses)
+    decisive = [c for c in clauses if not c.get("skipped")]
+    verdict = None if not decisive or any(c["holds"] is None for c in decisive) else all(c["holds"] for c in decisive)
     return {"slug": card.slug, "title": card.title, "claim": card.claim, "scale": scale, "seeds": seeds,
             "metric": {"name": card.metric.name, "mode": card.metric.mode}, "runs": per_run, "expectation": expr,
             "clauses": clauses, "passed": verdict, "date": date.today().isoformat(),
@@ -163,7 +171,8 @@ def render_markdown(card: Card, res: dict[str, Any], command: str) -> str:
         lines.append(f"| {name} | {r['metric']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | "
                      f"{', '.join(_fmt(v) for v in r['values'])} | {rec_text} |")
     lines += ["", f"**Expectation** (paper's direction): `{res['expectation']}`", ""]
-    lines += [f"- {_verdict(c['holds'])}: `{c['clause']}`" for c in res["clauses"]]
+    lines += [f"- {'skipped (optional runs; --all runs them)' if c.get('skipped') else _verdict(c['holds'])}: "
+              f"`{c['clause']}`" for c in res["clauses"]]
     lines += ["", f"**Verdict: {_verdict(res['passed'])}**", ""]
     if res.get("derived"):
         lines += ["## Derived numbers", "", "| name | value |", "|---|---|"]
@@ -190,7 +199,7 @@ def print_table(card: Card, res: dict[str, Any]) -> None:
     console.print(table)
     console.print(f"expectation: {res['expectation']}")
     for c in res["clauses"]:
-        console.print(f"  {_verdict(c['holds'])}  {c['clause']}")
+        console.print(f"  {'skip' if c.get('skipped') else _verdict(c['holds'])}  {c['clause']}")
     for k, v in (res.get("derived") or {}).items():
         console.print(f"  {k} = {_fmt(v)}")
     console.print(f"[bold]{_verdict(res['passed'])}[/bold]  ({res['wall_time_s']} s; "
@@ -235,8 +244,15 @@ def record_into_card(card: Card, res: dict[str, Any], command: str) -> None:
                           "results": {n: {"metric": r["metric"], "mean": round(r["mean"], 6), "std": round(r["std"], 6),
                                           "values": [round(v, 6) for v in r["values"]]}
                                       for n, r in res["runs"].items()}}}
-    if res.get("derived"):
-        block["recorded"]["derived"] = {k: round(v, 6) for k, v in res["derived"].items()}
+    # runs this invocation did not repeat (optional ones, or left out by --only) keep their earlier numbers
+    earlier = card.recorded or {}
+    for name, entry in (earlier.get("results") or {}).items():
+        if name in card.runs and name not in res["runs"]:
+            block["recorded"]["results"][name] = {**entry, "from": entry.get("from")
+                                                  or f"{earlier.get('date')}: {earlier.get('command')}"}
+    derived = {**(earlier.get("derived") or {}), **{k: round(v, 6) for k, v in (res.get("derived") or {}).items()}}
+    if derived:
+        block["recorded"]["derived"] = derived
     text = card.path.read_text()
     head = text.split("\nrecorded:", 1)[0].rstrip() + "\n"
     atomic_write_text(card.path, head + yaml.safe_dump(block, sort_keys=False, width=110, default_flow_style=None))
@@ -269,6 +285,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",") if x], default=None,
                         help="comma-separated seeds (default: the card's)")
     parser.add_argument("--only", type=lambda s: s.split(","), default=None, help="comma-separated run names")
+    parser.add_argument("--all", action="store_true", help="also the card's optional (long) runs")
     parser.add_argument("--out", type=Path, default=Path("runs/repro"), help="report root (default runs/repro)")
     parser.add_argument("--record", action="store_true", help="write the measured numbers into the card's recorded: block")
     parser.epilog = "Arguments after `--` go to every run's LightningCLI (e.g. -- --trainer.accelerator=gpu)."
@@ -289,7 +306,7 @@ def main(argv: list[str]) -> int:
     from lit_modules.common.hf import ResourceUnavailableError
 
     try:
-        res = reproduce(card, args.scale, args.seeds, args.only, args.out, extra)
+        res = reproduce(card, args.scale, args.seeds, args.only, args.out, extra, include_optional=args.all)
     except (CardError, ResourceUnavailableError) as err:
         # a full-scale run on a machine without the model or data: say what is missing, no traceback
         print(f"litlab repro {card.slug} --scale {args.scale}: {err}", file=sys.stderr)

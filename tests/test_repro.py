@@ -155,3 +155,18 @@ def test_full_scale_offline_stops_at_once_with_what_is_missing(tmp_path, capsys,
 def test_invalid_card_path_is_reported(tmp_path, capsys):
     assert repro_main([str(tmp_path / "missing.yaml")]) == 2
     assert "no reproduction card at" in capsys.readouterr().err
+
+
+def test_optional_runs_need_all_and_their_clauses_are_skipped(tmp_path):
+    text = TINY_CARD.replace("    metric: val/delta_rank\n", "    metric: val/delta_rank\n    optional: true\n")
+    path = write_card(tmp_path, text)
+    card = load_card(path)
+    res = reproduce(card, seeds=[0], out_root=tmp_path / "repro")
+    assert "plus_rank" not in res["runs"] and res["passed"] is True
+    assert [c.get("skipped", False) for c in res["clauses"]] == [False, True]
+    repro_main([str(path), "--out", str(tmp_path / "repro"), "--seeds", "0", "--record"])
+    repro_main([str(path), "--out", str(tmp_path / "repro"), "--seeds", "0", "--only", "plus_rank", "--record"])
+    recorded = load_card(path).recorded["results"]
+    assert set(recorded) == {"lora", "plus", "plus_rank"} and "from" in recorded["lora"]  # earlier numbers kept
+    full = reproduce(card, seeds=[0], out_root=tmp_path / "repro", include_optional=True)
+    assert full["runs"]["plus_rank"]["mean"] == 64.0 and full["passed"] is True
