@@ -200,6 +200,20 @@ class AdapterLinear(nn.Module):
                 self._merged[n] = None if coeff is None else coeff.detach().clone()
 
     @torch.no_grad()
+    def fold_in(self, name: str, coeff: Tensor | None = None) -> None:
+        """W₀ ← W₀ + s·B diag(coeff) A, then B ← 0: the task's update becomes part of the base while the branch
+        keeps its parameters (and its place in the optimizer), adding nothing until it is re-initialised —
+        the per-task merge of LoDA, InfLoRA and O-LoRA inside one fit."""
+        branch = self.branches[name]
+        if not isinstance(branch, LowRankBranch):
+            raise ValueError(f"fold_in needs a low-rank branch; {name!r} is {type(branch).__name__}")
+        if name in self._merged:
+            raise RuntimeError(f"branch {name!r} is merged; unmerge it before folding it in")
+        delta = branch.delta_weight(coeff).double()
+        self.base.weight.copy_((self.base.weight.double() + delta).to(self.base.weight.dtype))
+        branch.B.zero_()
+
+    @torch.no_grad()
     def unmerge(self, name: str | None = None) -> None:
         for n in [name] if name is not None else list(self._merged):
             coeff = self._merged.pop(n)

@@ -1,0 +1,210 @@
+"""The continual-learning protocol: task-sequence DataModule, accuracy-matrix callback and metrics, the shared
+module's task hooks under a real Trainer (incl. resuming mid-task from a checkpoint), and the baselines."""
+
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from callbacks.continual import AccuracyMatrixCallback, cl_metrics
+from datamodules.continual import ContinualDataModule
+from lit_modules.common.continual import InfLoRA, OLoRA, SequentialLoRA, time_training_steps
+from lit_modules.janus_lora import JanusLoRA
+from litlab.runs import SafeCheckpointIO
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = dict(pretrain_epochs=2)
+
+
+# ---- data -------------------------------------------------------------------------------------------
+def test_split_digits_tasks_are_disjoint_class_sets():
+    dm = ContinualDataModule(num_tasks=5)
+    dm.setup()
+    assert dm.task_classes == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]] and dm.scenario_kind == "class"
+    for t in range(5):
+        assert set(dm.train_sets[t][1].unique().tolist()) == set(dm.task_classes[t])
+        assert set(dm.test_sets[t][1].unique().tolist()) == set(dm.task_classes[t])
+    assert sum(len(s[1]) for s in dm.train_sets) == 1257 and sum(len(s[1]) for s in dm.test_sets) == 540
+    assert dm.train_sets[0][0].shape[1:] == (1, 8, 8)
+    shuffled = ContinualDataModule(num_tasks=5, class_order_seed=3)
+    shuffled.setup()
+    assert sorted(c for cs in shuffled.task_classes for c in cs) == list(range(10))
+    assert shuffled.task_classes != dm.task_classes
+    cumulative = ContinualDataModule(cumulative=True)
+    cumulative.setup()
+    assert cumulative.train_classes(2) == [0, 1, 2, 3, 4, 5] and len(cumulative._task_train(2)) > len(dm._task_train(2))
+
+
+@pytest.mark.parametrize("benchmark", ["digits", "mnist1d"])
+@pytest.mark.parametrize("scenario", ["permuted", "rotated"])
+def test_domain_incremental_variants(benchmark, scenario):
+    dm = ContinualDataModule(benchmark=benchmark, scenario=scenario, num_tasks=3)
+    dm.setup()
+    assert dm.scenario_kind == "domain" and all(cs == list(range(10)) for cs in dm.task_classes)
+    x0, x1 = dm.train_sets[0][0], dm.train_sets[1][0]
+    assert x0.shape == x1.shape and not torch.allclose(x0, x1)
+    assert torch.equal(dm.train_sets[0][1], dm.train_sets[2][1])
+    if scenario == "permuted":  # a permutation of the features: same multiset of values per sample
+        assert torch.allclose(x0.flatten(1).sort(1).values, x1.flatten(1).sort(1).values)
+
+
+def test_mnist1d_is_generated_locally_as_tokens():
+    dm = ContinualDataModule(benchmark="mnist1d")
+    dm.setup()
+    assert dm.input_kind == "tokens" and dm.input_shape == (10, 4)
+    assert sum(len(s[1]) for s in dm.train_sets) == 4000 and sum(len(s[1]) for s in dm.test_sets) == 1000
+
+
+def test_bad_data_arguments_are_named():
+    with pytest.raises(ValueError, match="num_tasks must divide 10"):
+        ContinualDataModule(num_tasks=3)
+    with pytest.raises(ValueError, match="'cifar'"):
+        ContinualDataModule(benchmark="cifar")
+    with pytest.raises(ValueError, match="scenario"):
+        ContinualDataModule(scenario="shuffled")
+
+
+# ---- metrics ----------------------------------------------------------------------------------------
+def test_cl_metrics_on_a_hand_made_matrix():
+    R = [[0.9, 0.0, 0.0], [0.6, 0.8, 0.0], [0.5, 0.7, 0.9]]
+    sizes = [10, 10, 20]
+    correct = [[round(r * n) for r, n in zip(row, sizes)] for row in R]
+    m = cl_metrics(R, correct, sizes, init_acc=[0.1, 0.1, 0.1])
+    assert m["cl/acc"] == pytest.approx((5 + 7 + 18) / 40)
+    assert m["cl/acc_task_mean"] == pytest.approx(0.7)
+    assert m["cl/maa"] == pytest.approx((0.9 + 14 / 20 + 30 / 40) / 3)
+    assert m["cl/bwt"] == pytest.approx(((0.5 - 0.9) + (0.7 - 0.8)) / 2)
+    assert m["cl/forgetting"] == pytest.approx(((0.9 - 0.5) + (0.8 - 0.7)) / 2)
+    assert m["cl/fwt"] == pytest.approx(((0.0 - 0.1) + (0.0 - 0.1)) / 2)
+
+
+# ---- the task loop under a real Trainer --------------------------------------------------------------
+class _StopAfterEpoch(L.Callback):
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
+
+
+def _fit(module, dm, root, stop_after=None, ckpt_path=None):
+    callbacks = [AccuracyMatrixCallback(), ModelCheckpoint(dirpath=str(root / "ckpt"), save_last=True)]
+    if stop_after is not None:
+        callbacks.append(_StopAfterEpoch(stop_after))
+    trainer = L.Trainer(max_epochs=dm.num_tasks * dm.epochs_per_task, reload_dataloaders_every_n_epochs=1,
+                        callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(root), plugins=[SafeCheckpointIO()], deterministic=True)
+    trainer.fit(module, dm, ckpt_path=ckpt_path)
+    return trainer, callbacks[0]
+
+
+def test_one_fit_walks_the_tasks_and_fills_the_matrix(tmp_path):
+    L.seed_everything(0)
+    dm = ContinualDataModule(num_tasks=5, epochs_per_task=1)
+    trainer, acc = _fit(JanusLoRA(**FAST), dm, tmp_path)
+    assert len(acc.R) == 5 and all(len(r) == 5 for r in acc.R)
+    assert all(acc.R[i][j] == 0.0 for i in range(5) for j in range(i + 1, 5))  # unseen classes: never predicted
+    assert all(acc.R[i][i] > 0.2 for i in range(5))  # chance among the seen classes: 1/(2i+2)
+    metrics = trainer.callback_metrics
+    for k in ("cl/acc", "cl/bwt", "cl/forgetting", "cl/maa", "cl/fwt", "cl/violation_max"):
+        assert k in metrics
+    saved = json.loads((tmp_path / "accuracy_matrix.json").read_text())
+    assert saved["R"] == acc.R and (tmp_path / "accuracy_matrix.png").stat().st_size > 1000
+
+
+def test_resume_mid_task_from_checkpoint_matches_an_uninterrupted_run(tmp_path):
+    """Janus-LoRA with online statistics, stopped in the middle of task 1 and resumed from last.ckpt."""
+    dm_kw = dict(num_tasks=2, epochs_per_task=2)
+    L.seed_everything(0)
+    _, full = _fit(JanusLoRA(**FAST), ContinualDataModule(**dm_kw), tmp_path / "full")
+    L.seed_everything(0)
+    _fit(JanusLoRA(**FAST), ContinualDataModule(**dm_kw), tmp_path / "cut", stop_after=2)
+    L.seed_everything(0)
+    _, resumed = _fit(JanusLoRA(**FAST), ContinualDataModule(**dm_kw), tmp_path / "cut",
+                      ckpt_path=str(tmp_path / "cut" / "ckpt" / "last.ckpt"))
+    assert len(resumed.R) == 2
+    assert torch.allclose(torch.tensor(resumed.R), torch.tensor(full.R), atol=1e-6)
+
+
+def test_max_epochs_must_match_the_task_sequence(tmp_path):
+    dm = ContinualDataModule(num_tasks=5, epochs_per_task=2)
+    trainer = L.Trainer(max_epochs=3, reload_dataloaders_every_n_epochs=1, logger=False, enable_progress_bar=False,
+                        enable_checkpointing=False)
+    with pytest.raises(ValueError, match="num_tasks × epochs_per_task"):
+        trainer.fit(SequentialLoRA(**FAST), dm)
+
+
+# ---- baselines --------------------------------------------------------------------------------------
+def _standalone(module, dm):
+    torch.manual_seed(0)
+    module.build(dm)
+    module._standalone_opt = module.configure_optimizers()
+    return module._standalone_opt
+
+
+def _task(module, dm, t, opt):
+    module.on_task_start(t, dm)
+    for batch in dm.task_train_loader(t, batch_size=32):
+        module.cl_step(batch, opt, lambda loss: loss.backward())
+    return module.on_task_end(t, dm)
+
+
+def test_inflora_down_projection_is_fixed_orthonormal_and_outside_the_old_basis():
+    dm = ContinualDataModule()
+    dm.setup()
+    module = InfLoRA(**FAST)
+    opt = _standalone(module, dm)
+    _task(module, dm, 0, opt)
+    V = {n: m.V.clone() for n, m in module.memories.items()}
+    module.on_task_start(1, dm)
+    A = {n: layer.branches["default"].A.detach().clone() for n, layer in module.adapted.items()}
+    for batch in dm.task_train_loader(1, batch_size=32):
+        module.cl_step(batch, opt, lambda loss: loss.backward())
+    for n, layer in module.adapted.items():
+        assert torch.equal(layer.branches["default"].A, A[n])
+        assert torch.allclose(A[n] @ A[n].T, torch.eye(4), atol=1e-5)
+        assert torch.linalg.matrix_norm(A[n].double() @ V[n]) < 1e-5
+        assert torch.count_nonzero(layer.branches["default"].B) > 0
+
+
+def test_olora_penalises_overlap_with_old_down_projections():
+    dm = ContinualDataModule()
+    dm.setup()
+    module = OLoRA(**FAST)
+    opt = _standalone(module, dm)
+    _task(module, dm, 0, opt)
+    assert all(A.shape == (4, 64) for A in module.past_A.values())
+    module.on_task_start(1, dm)
+    logs = module.cl_step(next(iter(dm.task_train_loader(1, batch_size=32))), opt, lambda loss: loss.backward())
+    assert logs["loss_orth"] > 0
+
+
+def test_time_training_steps_reports_every_module():
+    dm = ContinualDataModule()
+    secs = time_training_steps({"lora": SequentialLoRA(**FAST), "janus": JanusLoRA(**FAST)}, dm, steps=3, warmup_steps=2)
+    assert set(secs) == {"lora", "janus"} and all(s > 0 for s in secs.values())
+
+
+def test_text_task_sequence_is_class_incremental_over_modules():
+    dm = ContinualDataModule(benchmark="text")
+    dm.setup()
+    assert dm.input_kind == "text" and dm.input_shape == (64,) and dm.scenario_kind == "class"
+    assert dm.train_sets[0][0].dtype == torch.long and len(dm.train_sets[0][1]) == 2 * 196
+    with pytest.raises(ValueError, match="class-incremental"):
+        ContinualDataModule(benchmark="text", scenario="permuted")
+
+
+@pytest.mark.slow
+def test_text_config_runs_janus_on_a_pretrained_tiny_gpt(tmp_path):
+    from litlab.cli import LitlabCLI
+
+    cli = LitlabCLI(args=["fit", f"--config={ROOT / 'configs/janus_lora/text.yaml'}", f"--runs_dir={tmp_path}",
+                          "--trainer.enable_progress_bar=false", "--trainer.max_epochs=5",
+                          "--data.init_args.epochs_per_task=1"])
+    metrics = json.loads((cli.run_dir / "summary.json").read_text())["metrics"]
+    assert metrics["cl/violation_max"] < 1e-9 and metrics["cl/acc"] > 0.1
+    assert (cli.run_dir / "accuracy_matrix.png").exists()

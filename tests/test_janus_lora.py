@@ -1,0 +1,134 @@
+"""Janus-LoRA acceptance checks that need the model (janus_lora.md §7.5, 7.8 and the issue's composite-update
+invariant); §7.1–7.4 and 7.6 are in tests/test_subspace.py, §7.7 (effect) in tests/test_continual_repro_slow.py."""
+
+import pytest
+import torch
+
+from datamodules.continual import ContinualDataModule
+from lit_modules.common.continual import LoRAGPM
+from lit_modules.janus_lora import JanusLoRA, decoupled_margin_loss
+
+FAST = dict(pretrain_epochs=2)  # a weak backbone is enough for the mechanism checks; cached per session
+
+
+def _dm():
+    dm = ContinualDataModule(epochs_per_task=1, batch_size=32)
+    dm.setup()
+    return dm
+
+
+def _start(module, dm, opt_cls=torch.optim.SGD, **opt_kw):
+    torch.manual_seed(0)
+    module.build(dm)
+    params = [p for p in module.configure_optimizers().param_groups[0]["params"]]
+    module._standalone_opt = opt_cls(params, **(opt_kw or {"lr": 0.01, "momentum": 0.9}))
+    return module._standalone_opt
+
+
+def _train_task(module, dm, t, opt, epochs=1, each_step=None):
+    opt.state.clear()
+    module.on_task_start(t, dm)
+    for _ in range(epochs):
+        for batch in dm.task_train_loader(t, batch_size=32):
+            before = {n: _factors(m) for n, m in module.adapted.items()}
+            module.cl_step(batch, opt, lambda loss: loss.backward())
+            if each_step:
+                each_step(before)
+    return module.on_task_end(t, dm)
+
+
+def _factors(layer):
+    b = layer.branches["default"]
+    return b.A.detach().double().clone(), b.B.detach().double().clone(), b.scale
+
+
+def _composite_violation(module, before):
+    """max over layers of ‖(B'A' − BA) V‖_F / ‖B'A' − BA‖_F for one optimizer step."""
+    worst = 0.0
+    for n, layer in module.adapted.items():
+        A0, B0, s = before[n]
+        A1, B1, _ = _factors(layer)
+        dW = s * (B1 @ A1 - B0 @ A0)
+        V = module.memories[n].V
+        if V.shape[1] and torch.linalg.matrix_norm(dW) > 0:
+            worst = max(worst, float(torch.linalg.matrix_norm(dW @ V) / torch.linalg.matrix_norm(dW)))
+    return worst
+
+
+@pytest.mark.parametrize("opt_cls,opt_kw", [(torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
+                                            (torch.optim.Adam, {"lr": 1e-3})])
+def test_composite_update_stays_orthogonal_after_real_optimizer_steps(opt_cls, opt_kw):
+    """The issue's invariant: ΔW = B'A' − BA (not A, B separately) annihilates V to 1e-5 after every step."""
+    dm, module = _dm(), JanusLoRA(factor_dtype="float64", dml_enabled=True, **FAST)
+    opt = _start(module, dm, opt_cls, **opt_kw)
+    _train_task(module, dm, 0, opt)
+    assert min(m.k for m in module.memories.values()) > 0
+    worst = []
+    logs = _train_task(module, dm, 1, opt, each_step=lambda before: worst.append(_composite_violation(module, before)))
+    assert len(worst) >= 5 and max(worst) <= 1e-5
+    assert logs["cl/violation_max"] <= 1e-5  # the same witness, over the whole task, logged by the module
+
+
+def test_invariant_A_V_constant_over_a_task_in_float32():
+    """§7.5: over a full task of training, ‖A_end V − A_start V‖ < 1e-5 per layer (fp32 factors)."""
+    dm, module = _dm(), JanusLoRA(**FAST)
+    opt = _start(module, dm)
+    _train_task(module, dm, 0, opt)
+    V = {n: m.V.clone() for n, m in module.memories.items()}
+    A_start = {n: l.branches["default"].A.detach().double().clone() for n, l in module.adapted.items()}
+    _train_task(module, dm, 1, opt, epochs=2)
+    for n, layer in module.adapted.items():
+        A_end = layer.branches["default"].A.detach().double()
+        assert torch.linalg.matrix_norm(A_end @ V[n] - A_start[n] @ V[n]) < 1e-5, n
+        assert not torch.equal(A_end, A_start[n])  # it did train
+
+
+def test_without_gr_the_update_leaks_into_the_protected_subspace():
+    dm = _dm()
+    for module in (JanusLoRA(gr_enabled=False, factor_dtype="float64", **FAST), LoRAGPM(factor_dtype="float64", **FAST)):
+        opt = _start(module, dm)
+        _train_task(module, dm, 0, opt)
+        assert _train_task(module, dm, 1, opt)["cl/violation_max"] > 1e-3
+
+
+def test_tangent_mode_and_post_hoc_oe_run_and_stay_safe():
+    dm, module = _dm(), JanusLoRA(gr_mode="tangent", oe_source="post", factor_dtype="float64", **FAST)
+    opt = _start(module, dm)
+    _train_task(module, dm, 0, opt)
+    assert _train_task(module, dm, 1, opt)["cl/violation_max"] <= 1e-5
+
+
+def test_dml_mechanism():
+    """§7.8: L_dml = 0 with no old prototypes; with an old prototype placed at the current feature L_dml > 0
+    and one SGD step on the features lowers max cos(z, μ_old)."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.nn.functional.normalize(torch.randn(8, 16, generator=g), dim=-1)
+    head, y = torch.randn(4, 16, generator=g), torch.tensor([2, 3] * 4)
+    assert decoupled_margin_loss(z, y, torch.zeros(0, 16), head, 0.1) == 0
+    old = torch.stack([z[0], torch.nn.functional.normalize(torch.randn(16, generator=g), dim=0)])
+    z = z.clone().requires_grad_(True)
+    loss = decoupled_margin_loss(z, y, old, head, 0.1)
+    assert loss > 0
+    loss.backward()
+    with torch.no_grad():
+        z_new = torch.nn.functional.normalize(z - 0.5 * z.grad, dim=-1)
+    assert (z_new @ old.T).max() < (z.detach() @ old.T).max()
+
+
+def test_dml_is_off_on_the_first_task_and_on_afterwards():
+    dm, module = _dm(), JanusLoRA(**FAST)
+    opt = _start(module, dm)
+    module.on_task_start(0, dm)
+    x, y = next(iter(dm.task_train_loader(0, batch_size=16)))
+    assert "loss_dml" not in module.cl_step((x, y), opt, lambda loss: loss.backward())
+    module.on_task_end(0, dm)
+    module.on_task_start(1, dm)
+    x, y = next(iter(dm.task_train_loader(1, batch_size=16)))
+    assert "loss_dml" in module.cl_step((x, y), opt, lambda loss: loss.backward())
+
+
+def test_bad_switch_values_are_named():
+    with pytest.raises(ValueError, match="gr_mode"):
+        JanusLoRA(gr_mode="exact")
+    with pytest.raises(ValueError, match="oe_source"):
+        JanusLoRA(oe_source="later")
