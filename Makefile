@@ -21,6 +21,9 @@ $(VENV)/.torch: | $(BIN)/python
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	$(BIN)/python -m pip install -e .
+	# wandb's open-source sweep engine for `litlab sweep`; it declares numpy<2 but works with numpy 2
+	$(BIN)/python -m pip install --no-deps "sweeps==0.3.0"
+	$(BIN)/python -m pip install jsonschema jsonref
 	$(MAKE) --no-print-directory check-torch
 	touch $@
 

@@ -52,4 +52,5 @@ class RunSummary(L.Callback):
         self._write(trainer, "test", "finished")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._write(trainer, str(trainer.state.fn), f"failed: {type(exception).__name__}: {exception}")
+        stage = trainer.state.fn.value if trainer.state.fn else "fit"  # str(enum) differs across Pythons
+        self._write(trainer, stage, f"failed: {type(exception).__name__}: {exception}")

@@ -275,3 +275,79 @@ class LocalTextDataModule(L.LightningDataModule):
         starts = torch.linspace(0, last_start, hp.val_windows).round().long().tolist()
         dataset = _Windows(self.val_ids, hp.block_size, starts)
         return DataLoader(dataset, batch_size=hp.batch_size, shuffle=False, num_workers=hp.num_workers)
+
+
+class HubTextDataModule(L.LightningDataModule):
+    """Full-scale LM pre-training text (C4, FineWeb-Edu) streamed from the Hugging Face Hub, tokenised and packed
+    into ``[B, block_size]`` next-token windows; each rank reads its own shard of the stream.
+
+    Needs the optional ``datasets`` package, the Hub (or the data in the ``datasets`` cache with HF_HUB_OFFLINE=1)
+    and the tokenizer. Anything missing raises ``DatasetUnavailableError``/``ModelUnavailableError`` at
+    construction, before any model or process is started, saying what to get.
+    """
+
+    def __init__(self, dataset: str = "allenai/c4", subset: str | None = "en", tokenizer: str = "gpt2",
+                 block_size: int = 1024, batch_size: int = 32, text_field: str = "text",
+                 val_split: str = "validation", val_batches: int = 50, num_workers: int = 1) -> None:
+        super().__init__()
+        if block_size <= 0 or batch_size <= 0:
+            raise ValueError(f"block_size={block_size} and batch_size={batch_size} must be positive")
+        self.save_hyperparameters()
+        from datamodules.commonsense import DatasetUnavailableError
+        from lit_modules.common.hf import (
+            download_instructions,
+            hub_unreachable_reason,
+            load_tokenizer,
+            offline_env_var,
+        )
+
+        try:
+            import datasets  # noqa: F401
+        except ImportError as err:
+            raise DatasetUnavailableError(f"data set {dataset!r} is streamed with the optional `datasets` package: "
+                                          "pip install datasets") from err
+        if offline_env_var() is None:
+            reason = hub_unreachable_reason(dataset, "dataset")
+            if reason is not None:
+                raise DatasetUnavailableError(
+                    f"cannot stream data set {dataset!r}: {reason}. If it is in the `datasets` cache, set "
+                    f"HF_HUB_OFFLINE=1 to use that copy; otherwise:\n{download_instructions(dataset, 'dataset')}")
+        self.tokenizer = load_tokenizer(tokenizer)  # ModelUnavailableError at once when it cannot be had
+
+    def _stream(self, split: str):
+        import datasets
+        from datasets.distributed import split_dataset_by_node
+
+        hp = self.hparams
+        stream = datasets.load_dataset(hp.dataset, hp.subset, split=split, streaming=True)
+        if self.trainer is not None and self.trainer.world_size > 1:
+            stream = split_dataset_by_node(stream, rank=self.trainer.global_rank, world_size=self.trainer.world_size)
+        return _PackedWindows(stream, self.tokenizer, hp.text_field, hp.block_size)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self._stream("train"), batch_size=self.hparams.batch_size,
+                          num_workers=self.hparams.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        import itertools
+
+        windows = list(itertools.islice(iter(self._stream(self.hparams.val_split)),
+                                        self.hparams.val_batches * self.hparams.batch_size))
+        return DataLoader(windows, batch_size=self.hparams.batch_size)
+
+
+class _PackedWindows(torch.utils.data.IterableDataset):
+    """Documents joined with the EOS token and cut into ``block_size + 1`` windows."""
+
+    def __init__(self, stream, tokenizer, text_field: str, block_size: int) -> None:
+        self.stream, self.tokenizer, self.text_field, self.block_size = stream, tokenizer, text_field, block_size
+
+    def __iter__(self):
+        buffer: list[int] = []
+        eos = self.tokenizer.eos_token_id
+        for record in self.stream:
+            buffer += self.tokenizer(record[self.text_field])["input_ids"] + ([eos] if eos is not None else [])
+            while len(buffer) > self.block_size:
+                window = torch.tensor(buffer[: self.block_size + 1])
+                buffer = buffer[self.block_size:]
+                yield {"input_ids": window[:-1], "labels": window[1:]}

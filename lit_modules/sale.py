@@ -9,8 +9,8 @@ Algorithm, per layer and prefill call (sale.md §3):
                      middle block selected iff max_(i,j in block) scale*s_hat - T_i > 0  # §3.3.4 (RAS > tau)
     O = flash attention over reserved + selected blocks                                   # §3.4
 Thresholds tau[l, h]: uniform, or calibrated offline by halving until the L1 output error < theta*N (§3.5).
-Baseline ``sale_pooled``: same reserved blocks, middle blocks ranked by mean-pooled q_block . k_block, keeping the
-same number of middle blocks per (head, query block) as SALE (density matched exactly).
+Baseline ``sale_pooled``: same reserved blocks, middle blocks ranked by mean-pooled q_block . k_block, keeping ONE
+top fraction of every query block's middle blocks, chosen per layer call so its density matches SALE's (§6A/§6B).
 Reconstructed from the official kernels (paper text unreachable, sale.md §8): threshold formula, reserved-region
 arithmetic, calibration loop, the name "Relative Attention Score" for exp(z - m)/l.
 """
@@ -254,9 +254,9 @@ class SALEPrefillModule(LongContextEval):
                  min_seq_len: int = 1024, start_layer: int = 0, calib_theta: float | None = None,
                  tau_init: float = 0.008, tau_floor: float = 1e-4, thresholds_path: str | None = None,
                  use_triton: Literal["auto", "triton", "reference"] = "auto", measure_error: bool = True,
-                 max_new_tokens: int = 1, dtype: str = "float32", tiny_train_steps: int = 200):
+                 max_new_tokens: int = 1, dtype: str = "float32", tiny_train_steps: int = 200, tiny_seed: int = 1):
         super().__init__(model_name=model_name, max_new_tokens=max_new_tokens, dtype=dtype,
-                         query_after_compression=False, tiny_train_steps=tiny_train_steps)
+                         query_after_compression=False, tiny_train_steps=tiny_train_steps, tiny_seed=tiny_seed)
         self.save_hyperparameters()
         self.cfg = SALEConfig(block_q, block_k, local_window, segment, bits, use_triton)
         thresholds = torch.load(thresholds_path) if thresholds_path and calib_theta is None else None

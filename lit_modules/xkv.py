@@ -321,11 +321,11 @@ class XKVCompressionModule(LongContextEval):
                  svd_impl: Literal["exact", "lowrank"] = "exact", sparse_budget: int = 2048, chunk_size: int = 8,
                  local_chunks: int = 4, outlier_chunks: int | None = None, slerp_t: float = 0.5,
                  slerp_gamma: float = 0.05, max_new_tokens: int = 1, dtype: str = "float32",
-                 tiny_train_steps: int = 200):
+                 tiny_train_steps: int = 200, tiny_seed: int = 1):
         if rank_per_layer is not None:
             rank_k = rank_v = group_size * rank_per_layer
         super().__init__(model_name=model_name, max_new_tokens=max_new_tokens, dtype=dtype,
-                         query_after_compression=True, tiny_train_steps=tiny_train_steps)
+                         query_after_compression=True, tiny_train_steps=tiny_train_steps, tiny_seed=tiny_seed)
         self.save_hyperparameters()
         self.method = make_method(method, group_size, rank_k, rank_v, merge_k=merge_k, merge_v=merge_v,
                                   start_layer=start_layer, end_layer=end_layer, svd_impl=svd_impl,

@@ -7,7 +7,6 @@ import os
 import sys
 import warnings
 
-
 # Subcommands that are not LightningCLI's: each module has ``main(argv: list[str]) -> int``.
 TOOLS = {
     "repro": "litlab.repro",  # run a reproduction card
@@ -17,9 +16,8 @@ TOOLS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    from_shell = argv is None
-    argv = list(sys.argv[1:] if argv is None else argv)
+def prepare_process() -> None:
+    """What every litlab process sets before a run (also the worker processes of ``litlab repro --jobs``)."""
     # wandb must never block a run for a login prompt: offline unless the user logged in (litlab.runs.wandb_mode).
     from litlab.runs import wandb_mode
 
@@ -27,6 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("WANDB_SILENT", "true")
     # Lightning 2.6 on torch 2.13 warns about torch's pytree API once per run: noise in a 20-run repro.
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from_shell = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prepare_process()
     if argv and argv[0] in TOOLS:
         return importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
     from litlab.cli import LitlabCLI

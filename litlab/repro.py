@@ -50,16 +50,70 @@ def _finish_wandb_run() -> None:
         sys.modules["wandb"].finish()
 
 
+def fit_args(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> list[str]:
+    spec = card.runs[run_name]
+    config = PROJECT_ROOT / spec.config_path(scale)
+    if not config.exists():
+        raise CardError(f"{card.path}: runs.{run_name} config {config} does not exist")
+    return ["fit", f"--config={config}", *override_args(spec.all_overrides(scale)), f"--seed_everything={seed}",
+            f"--experiment={Path(spec.config_path(scale)).stem}", f"--runs_dir={out_dir}", *QUIET_RUN_ARGS, *extra]
+
+
+_CHILD_REUSED = 3  # exit code of a child whose run had already finished
+
+
+def _child_fit(args: list[str]) -> int:
+    """Entry point of a ``--jobs`` worker process: one fit, skipped when it already finished."""
+    from litlab.__main__ import prepare_process
+    from litlab.cli import LitlabCLI, RunAlreadyFinished
+
+    prepare_process()
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    sys.argv = sys.argv[:1]  # the args come as `args`; LightningCLI warns when they come from both places
+    try:
+        LitlabCLI(args=args, skip_finished=True)
+    except RunAlreadyFinished:
+        return _CHILD_REUSED
+    return 0
+
+
+def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path) -> set[str]:
+    """Fit each distinct argument list in its own process, ``workers`` at a time; returns the keys that ran.
+
+    Separate processes, one thread each, are how a 20-run card uses every core: in one process the runs of a
+    card are sequential and tiny models cannot keep two cores busy. Each child writes ``log_dir/<key>.log``.
+    """
+    import os
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    code = "import sys; from litlab.repro import _child_fit; sys.exit(_child_fit(sys.argv[1:]))"
+
+    def launch(key: str) -> tuple[str, int]:
+        with open(log_dir / f"{key}.log", "wb") as log:
+            proc = subprocess.run([sys.executable, "-c", code, *jobs[key]], stdout=log, stderr=subprocess.STDOUT,
+                                  env=env, cwd=Path.cwd())
+        return key, proc.returncode
+
+    ran = set()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for key, code_ in pool.map(launch, jobs):
+            if code_ not in (0, _CHILD_REUSED):  # rerun in-process next, where its error surfaces as usual
+                print(f"litlab repro: worker for {key} exited {code_} (log {log_dir / f'{key}.log'})", file=sys.stderr)
+            elif code_ == 0:
+                ran.add(key)
+    return ran
+
+
 def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> dict[str, Any]:
     """One LightningCLI fit; returns its summary (reused when it already finished)."""
     from litlab.cli import LitlabCLI, RunAlreadyFinished
 
     spec = card.runs[run_name]
-    config = PROJECT_ROOT / spec.config_path(scale)
-    if not config.exists():
-        raise CardError(f"{card.path}: runs.{run_name} config {config} does not exist")
-    args = ["fit", f"--config={config}", *override_args(spec.all_overrides(scale)), f"--seed_everything={seed}",
-            f"--experiment={Path(spec.config_path(scale)).stem}", f"--runs_dir={out_dir}", *QUIET_RUN_ARGS, *extra]
+    args = fit_args(card, run_name, scale, seed, out_dir, extra)
     reused = True
     argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when args come from both places
     try:
@@ -83,7 +137,7 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
 
 def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, only: list[str] | None = None,
               out_root: Path = Path("runs/repro"), extra: list[str] | None = None,
-              include_optional: bool = False) -> dict[str, Any]:
+              include_optional: bool = False, jobs: int = 1) -> dict[str, Any]:
     seeds = list(seeds if seeds is not None else card.seeds[scale])
     runs = card.runs_for(scale)
     if only:
@@ -96,9 +150,21 @@ def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, 
     skipped_optional = {n for n, r in card.runs_for(scale).items() if r.optional and n not in runs}
     out_dir = out_root / card.slug
     started = time.time()
+    ran_in_workers: set[str] = set()
+    if jobs > 1:
+        distinct: dict[str, list[str]] = {}
+        for name in runs:
+            for s in seeds:
+                args = fit_args(card, name, scale, s, out_dir, list(extra or []))
+                if args not in distinct.values():  # card entries that differ only in the metric share a run
+                    distinct[f"{name}-s{s}"] = args
+        ran_in_workers = fit_in_subprocesses(distinct, jobs, out_dir / "logs")
     per_run: dict[str, Any] = {}
     for name in runs:
         values = [run_one(card, name, scale, s, out_dir, list(extra or [])) for s in seeds]
+        if jobs > 1:  # the workers ran them; the loop above only read their summaries
+            for s, v in zip(seeds, values):
+                v["reused"] = v["reused"] and f"{name}-s{s}" not in ran_in_workers
         xs = [v["value"] for v in values]
         per_run[name] = {"metric": runs[name].metric or card.metric.name, "values": xs, "seeds": seeds,
                          "mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
@@ -286,11 +352,15 @@ def main(argv: list[str]) -> int:
                         help="comma-separated seeds (default: the card's)")
     parser.add_argument("--only", type=lambda s: s.split(","), default=None, help="comma-separated run names")
     parser.add_argument("--all", action="store_true", help="also the card's optional (long) runs")
+    parser.add_argument("--jobs", "-j", type=int, default=1,
+                        help="run the card's runs in this many worker processes (one thread each; default 1)")
     parser.add_argument("--out", type=Path, default=Path("runs/repro"), help="report root (default runs/repro)")
     parser.add_argument("--record", action="store_true", help="write the measured numbers into the card's recorded: block")
     parser.epilog = "Arguments after `--` go to every run's LightningCLI (e.g. -- --trainer.accelerator=gpu)."
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.list:
         return list_cards()
     if not args.slug:
@@ -306,7 +376,8 @@ def main(argv: list[str]) -> int:
     from lit_modules.common.hf import ResourceUnavailableError
 
     try:
-        res = reproduce(card, args.scale, args.seeds, args.only, args.out, extra, include_optional=args.all)
+        res = reproduce(card, args.scale, args.seeds, args.only, args.out, extra, include_optional=args.all,
+                        jobs=args.jobs)
     except (CardError, ResourceUnavailableError) as err:
         # a full-scale run on a machine without the model or data: say what is missing, no traceback
         print(f"litlab repro {card.slug} --scale {args.scale}: {err}", file=sys.stderr)

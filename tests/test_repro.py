@@ -170,3 +170,15 @@ def test_optional_runs_need_all_and_their_clauses_are_skipped(tmp_path):
     assert set(recorded) == {"lora", "plus", "plus_rank"} and "from" in recorded["lora"]  # earlier numbers kept
     full = reproduce(card, seeds=[0], out_root=tmp_path / "repro", include_optional=True)
     assert full["runs"]["plus_rank"]["mean"] == 64.0 and full["passed"] is True
+
+
+def test_jobs_run_in_worker_processes_with_the_same_numbers(tmp_path):
+    card = load_card(write_card(tmp_path))
+    parallel = reproduce(card, seeds=[0], out_root=tmp_path / "par", jobs=2)
+    assert not any(r["reused"] for r in parallel["runs"]["lora"]["runs"] + parallel["runs"]["plus"]["runs"])
+    assert all(r["reused"] for r in parallel["runs"]["plus_rank"]["runs"])  # shares `plus`'s run
+    assert (tmp_path / "par" / "tiny" / "logs" / "lora-s0.log").exists()
+    serial = reproduce(card, seeds=[0], out_root=tmp_path / "ser")
+    assert {n: r["values"] for n, r in parallel["runs"].items()} == {n: r["values"] for n, r in serial["runs"].items()}
+    again = reproduce(card, seeds=[0], out_root=tmp_path / "par", jobs=2)
+    assert all(r["reused"] for run in again["runs"].values() for r in run["runs"])

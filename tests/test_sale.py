@@ -125,8 +125,8 @@ def test_effect_model_level_tiny(tiny):  # §7.7, experiment B (gated)
     acc, density = evaluate("sale")
     acc_p, density_p = evaluate("sale_pooled")
     assert acc >= dense - 0.02 and density <= 0.5 and abs(density_p - density) <= 0.03
-    # the spec's second clause (pooled >= 0.3 lower) does not reproduce on this tiny model (gap 0.16, card)
-    assert acc_p <= acc - 0.1  # measured (32 prompts, card): SALE 1.00 vs pooled 0.84 at density 0.49
+    # measured (64 prompts, tied seed-1 model): SALE 0.97 at density 0.447 vs pooled 0.39 at 0.445 (spec: 1.00 vs 0.22)
+    assert acc_p <= acc - 0.3
 
 
 def test_calibration_monotone(tiny):  # §7.8

@@ -148,8 +148,9 @@ def test_effect_vs_single_layer_svd(tiny, prompts):  # §7.7 (gated)
     acc_g1_r2, acc_g4_r2 = acc(XKV(1, 2, 2)), acc(XKV(4, 8, 8))
     acc_g1_r1, acc_g4_r1 = acc(XKV(1, 1, 1)), acc(XKV(4, 4, 4))
     assert acc_g4_r2 >= acc_g1_r2 and acc_g4_r2 >= dense - 0.01
-    # measured here: G=4 0.50 vs G=1 0.06 at r1=1 (spec's prototype: 0.98 vs 0.17); the ordering holds
-    assert acc_g4_r1 >= acc_g1_r1 + 0.3
+    # r1=1 (CR 21.3 by §3.4): measured G=4 0.97 vs G=1 0.03 on the tied seed-1 model (spec prototype: 0.98 vs 0.17)
+    assert acc_g4_r1 >= 0.9 and acc_g4_r1 >= acc_g1_r1 + 0.3
+    assert compression_ratio(4, 254, 2, 16, 4, 4, 4) >= 20
     assert all(torch.equal(before[k], v) for k, v in tiny.state_dict().items())
 
 

@@ -1,0 +1,96 @@
+"""LoRDO (lordo.md §7) single-process checks: projection algebra (4), the optimizer's pieces, bad input."""
+
+import pytest
+import torch
+
+from lit_modules.common.optim import LowRankQHAdamW, is_left, project, project_back, subspace_similarity
+from lit_modules.lordo import LoRDOLMModule
+from strategies.lordo import LoRDOStrategy
+
+
+@pytest.mark.parametrize("shape", [(12, 20), (20, 12)], ids=["left", "right"])
+def test_projection_algebra_and_span(shape):
+    """Check 4: Pᵀ(P(G)) + E_new == G + E_old; Q orthonormal; with ω = 1 the update lies in span(Q)."""
+    torch.manual_seed(0)  # float64: the span residual is measured on parameter differences
+    W = torch.nn.Parameter(torch.randn(*shape, dtype=torch.float64))
+    opt = LowRankQHAdamW([{"params": [W], "low_rank": True}], lr=1e-2, rank=4, qh_omega=1.0, weight_decay=0.0)
+    for step in range(3):
+        W.grad = torch.randn(*shape, dtype=torch.float64)
+        E_old = opt.state[W].get("error", torch.zeros(shape, dtype=torch.float64)).clone()
+        G_plus_E = W.grad + E_old
+        before = W.detach().clone()
+        opt.step()
+        state = opt.state[W]
+        Q = state["projector"]
+        g = project(G_plus_E, Q)
+        assert torch.allclose(project_back(g, Q, W.shape) + state["error"], G_plus_E, atol=1e-6)
+        gram = Q.T @ Q if is_left(W.shape) else Q @ Q.T
+        assert torch.allclose(gram, torch.eye(4, dtype=gram.dtype), atol=1e-5)
+        update = W.detach() - before
+        in_span = Q @ (Q.T @ update) if is_left(W.shape) else (update @ Q.T) @ Q
+        assert (update - in_span).norm() < 1e-6 * update.norm() + 1e-12, f"step {step}: update leaves span(Q)"
+
+
+def test_qh_term_leaves_the_subspace_and_refresh_rotates_moments():
+    torch.manual_seed(1)
+    W = torch.nn.Parameter(torch.randn(16, 24))
+    opt = LowRankQHAdamW([{"params": [W], "low_rank": True}], lr=1e-2, rank=4, qh_omega=0.9, weight_decay=0.0)
+    W.grad = torch.randn(16, 24)
+    before = W.detach().clone()
+    opt.step()
+    Q = opt.state[W]["projector"]
+    update = W.detach() - before
+    assert (update - Q @ (Q.T @ update)).norm() > 1e-3 * update.norm()  # (1−ω) G/μ is full rank
+    # refreshing with the same subspace keeps similarity 1 and leaves the moments' content unchanged
+    u_before = Q @ opt.state[W]["exp_avg"]
+    sims = opt.refresh_projectors({W: Q @ torch.randn(4, 24)}, rotate=True)
+    assert sims[0] == pytest.approx(1.0, abs=1e-5)
+    assert torch.allclose(opt.state[W]["projector"] @ opt.state[W]["exp_avg"], u_before, atol=1e-5)
+    assert subspace_similarity(Q, torch.linalg.qr(torch.randn(16, 4))[0], True) < 0.9
+
+
+def test_full_rank_group_is_adamw():
+    torch.manual_seed(2)
+    a, b = torch.nn.Parameter(torch.randn(5, 3)), None
+    b = torch.nn.Parameter(a.detach().clone())
+    mine = LowRankQHAdamW([{"params": [a], "low_rank": False}], lr=1e-2, weight_decay=0.1)
+    ref = torch.optim.AdamW([b], lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for _ in range(4):
+        g = torch.randn(5, 3)
+        a.grad, b.grad = g.clone(), g.clone()
+        mine.step()
+        ref.step()
+    assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_state_tensors_for_sync_order_and_bytes():
+    model = LoRDOLMModule(d_model=16, n_layers=1, n_heads=2, mlp_hidden=32, block_size=16, rank=4)
+    low = [p for n, p in model.model.named_parameters() if n in model.low_rank_names]
+    rest = [p for n, p in model.model.named_parameters() if n not in model.low_rank_names]
+    opt = LowRankQHAdamW([{"params": low, "low_rank": True}, {"params": rest, "low_rank": False}], rank=4)
+    states = opt.state_tensors_for_sync(include_error_feedback=True)
+    P_lr = sum(p.numel() for p in low)
+    P_fr = sum(p.numel() for p in rest)
+    r_d = sum(4 * (p.shape[1] if is_left(p.shape) else p.shape[0]) for p in low)
+    assert sum(s.numel() for s in states) == P_lr + 2 * r_d + 2 * P_fr  # §3.7 without P (the parameters)
+
+
+def test_bad_values_are_named():
+    with pytest.raises(ValueError, match="mode='gossip'"):
+        LoRDOStrategy(mode="gossip")
+    with pytest.raises(ValueError, match="sync_every=0"):
+        LoRDOStrategy(sync_every=0)
+    with pytest.raises(ValueError, match="qh_omega=1.5"):
+        LowRankQHAdamW([torch.nn.Parameter(torch.zeros(2, 2))], qh_omega=1.5)
+    with pytest.raises(ValueError, match="low_rank_regex"):
+        LoRDOLMModule(low_rank_regex=r"nothing_matches$")
+
+
+def test_full_scale_fails_at_once_offline(monkeypatch):
+    """configs/lordo/full.yaml needs C4 from the Hub (and `datasets`): offline it stops before any training."""
+    from lit_modules.common.hf import ResourceUnavailableError
+    from litlab.cli import LitlabCLI
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ResourceUnavailableError, match="allenai/c4"):
+        LitlabCLI(args=["--config=configs/lordo/full.yaml", "--model.init_args.n_layers=1"], run=False)
