@@ -1,0 +1,237 @@
+"""NGT acceptance checks (ngt.md §7). §7.8 (Pendulum from 20 transitions, minutes) is `slow`."""
+
+import math
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+
+from lit_modules.common.rl.random_prior import RandomPriorPotential, RewardShaper, hl_gauss_targets
+from lit_modules.ngt import NGT
+
+ROOT = Path(__file__).resolve().parent.parent
+GAIN = math.sqrt(2 / (1 + 0.2**2))
+
+
+def _linears(net):
+    return [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+
+
+# ---- §7.1 frozen prior ----------------------------------------------------------------------------
+def test_prior_frozen_predictor_trained_over_200_iterations():
+    from datamodules.rl import RLDataModule
+
+    L.seed_everything(1, verbose=False)
+    dm = RLDataModule(env_id="Pendulum-v1", dataset_level="expert", num_demos=1, subsampling_rate=10,
+                      subsampling_offset=3, n_online_steps=250, obs_scale=[1.0, 1.0, 8.0])
+    model = NGT(reward_hidden=[32, 32], out_emb_dim=16, hidden=[32, 32], batch_size=32, expert_batch_size=32,
+                learning_starts=50, reward_lr=1e-3)
+    dm.setup("fit")
+    model.build(dm.obs_dim, dm.act_dim)
+    prior0 = {k: v.clone() for k, v in model.reward_net.prior.named_parameters()}
+    pred0 = {k: v.clone() for k, v in model.reward_net.predictor.named_parameters()}
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, dm)
+    assert dm.env_steps == 250  # 200 learning iterations after 50 random steps
+    for k, v in model.reward_net.prior.named_parameters():
+        assert torch.equal(v, prior0[k]) and not v.requires_grad, k
+    assert any(not torch.equal(v, pred0[k]) for k, v in model.reward_net.predictor.named_parameters())
+    reward_opt = trainer.optimizers[0]
+    held = {id(p) for g in reward_opt.param_groups for p in g["params"]}
+    assert held == {id(p) for p in model.reward_net.predictor.parameters()}
+
+
+# ---- §7.2 Lipschitz by construction, §7.3 orthogonal init ----------------------------------------
+def test_spectral_norm_bounds_every_layer_and_the_potential():
+    torch.manual_seed(0)
+    net = RandomPriorPotential(8)
+    x = torch.randn(256, 8)
+    for _ in range(20):
+        net.potential(x)
+    norms = [torch.linalg.matrix_norm(m.weight.detach(), 2).item() for m in _linears(net.predictor)]
+    norms += [torch.linalg.matrix_norm(m.weight.detach(), 2).item() for m in _linears(net.prior)]
+    assert max(norms) <= 1.05 and len(norms) == 8
+    plain = RandomPriorPotential(8, prior_spectral_norm=False, predictor_spectral_norm=False)
+    product = math.prod(torch.linalg.matrix_norm(m.weight, 2).item() for m in _linears(plain.predictor))
+    assert product == pytest.approx(GAIN**3, rel=1e-4)  # ≈ 2.67: a silently missing SN would show
+    n_layers, m = 4, 64
+    bound = 2 / math.sqrt(m) * 1.05**n_layers
+    net.eval()  # fixed power-iteration state while measuring
+    a, b = torch.randn(10_000, 8), torch.randn(10_000, 8)
+    b[:5000] = a[:5000] + 1e-2 * torch.randn(5000, 8)  # near pairs too
+    with torch.no_grad():
+        ratio = (net.potential(a) - net.potential(b)).abs().squeeze(-1) / (a - b).norm(dim=-1)
+    assert ratio.max().item() <= bound
+
+
+def test_orthogonal_init_before_spectral_norm():
+    torch.manual_seed(0)
+    net = RandomPriorPotential(10, hidden=(128, 128, 128), out_dim=64)
+    for seq in (net.predictor, net.prior):
+        layers = [m for m in seq.modules() if isinstance(m, torch.nn.Linear)]
+        for i, layer in enumerate(layers):
+            w = layer.parametrizations.weight.original.detach().double()
+            g = 1.0 if i == len(layers) - 1 else GAIN
+            gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+            assert torch.allclose(gram, g**2 * torch.eye(len(gram), dtype=torch.float64), atol=1e-5)
+            assert torch.all(layer.bias == 0)
+
+
+# ---- §7.4 HL-Gauss ------------------------------------------------------------------------------
+def test_hl_gauss_targets_and_loss_minimum():
+    radius, bins = 3.0, 21
+    edges = torch.linspace(-radius, radius, bins + 1, dtype=torch.float64)
+    sigma = 1.5 * 2 * radius / bins
+    y = torch.linspace(-2, 2, 41, dtype=torch.float64).unsqueeze(-1)  # [B, m=1]
+    p = hl_gauss_targets(y, edges, sigma)
+    assert (p >= 0).all() and torch.allclose(p.sum(1), torch.ones_like(p.sum(1)), atol=1e-5)
+    cdf = norm.cdf(edges.numpy()[None, :], y.numpy(), sigma)
+    ref = (cdf[:, 1:] - cdf[:, :-1]) / (cdf[:, -1:] - cdf[:, :1])
+    assert np.allclose(p[..., 0].numpy(), ref, atol=1e-6)
+    centres = (edges[1:] + edges[:-1]) / 2
+    assert ((p[..., 0] * centres).sum(1) - y[:, 0]).abs().max() <= (2 * radius / bins) / 2
+    logits = torch.log(p.clamp_min(1e-300)).requires_grad_(True)
+    loss = -(p * logits.log_softmax(1)).sum(1).mean()
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert grad.norm() < 1e-6
+    net = RandomPriorPotential(5, criterion="hl_gauss", out_dim=8)
+    assert net.potential(torch.randn(4, 5)).shape == (4, 1)
+
+
+# ---- §7.5 direction of the adversarial step ------------------------------------------------------
+def _batches(seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def make(shift):
+        return {"obs": torch.randn(64, 3, generator=g) + shift, "act": torch.rand(64, 1, generator=g) * 2 - 1,
+                "next_obs": torch.randn(64, 3, generator=g)}
+
+    return make(0.0), make(1.5)
+
+
+def test_adversarial_step_direction_and_red_ignores_agent():
+    """One predictor step (Adam, lr 1e-3) raises h on agent inputs and widens the agent-expert gap; the expert
+    term alone lowers h on expert inputs. (The spec's stronger form — the joint step also lowers expert h — does
+    not hold at initialisation: expert and agent gradients are aligned through the output scale, measured
+    Δh_expert = +1e-7..+1e-6 with SGD; see the closing note.)"""
+    torch.manual_seed(0)
+    expert, agent = _batches()
+    model = NGT(obs_dim=3, act_dim=1)
+    model.reward_net.eval()
+    h = lambda m, b: m.reward_net.potential(m.reward_input(b)).mean().item()  # noqa: E731
+    before = h(model, expert), h(model, agent)
+    opt = torch.optim.Adam(model.reward_net.predictor.parameters(), lr=1e-3)
+    opt.zero_grad()
+    model.reward_loss(expert, agent).backward()
+    opt.step()
+    assert h(model, agent) > before[1]
+    assert h(model, agent) - h(model, expert) > before[1] - before[0]
+    torch.manual_seed(0)
+    expert_only = NGT(obs_dim=3, act_dim=1, adv_scale=0.0)
+    expert_only.reward_net.eval()
+    start = h(expert_only, expert)
+    opt = torch.optim.Adam(expert_only.reward_net.predictor.parameters(), lr=1e-3)
+    opt.zero_grad()
+    expert_only.reward_loss(expert, agent).backward()
+    opt.step()
+    assert h(expert_only, expert) < start
+    red = NGT(obs_dim=3, act_dim=1, adv_scale=0.0)
+    red.reward_net.eval()
+
+    def grads(agent_batch):
+        red.zero_grad()
+        red.reward_loss(expert, agent_batch).backward()
+        return [p.grad.clone() for p in red.reward_net.predictor.parameters()]
+
+    other = {k: v * 3 for k, v in agent.items()}
+    assert all(torch.equal(a, b) for a, b in zip(grads(agent), grads(other)))
+
+
+# ---- §7.6 transport bound -----------------------------------------------------------------------
+def test_learned_gap_is_positive_and_bounded_by_w1():
+    torch.manual_seed(0)
+    net = RandomPriorPotential(4)
+    opt = torch.optim.Adam(net.predictor.parameters(), lr=1e-3)
+    delta = torch.tensor([3.0, 0.0, 0.0, 0.0])  # W1(N(0, I), N(δ, I)) = ‖δ‖ = 3
+    for _ in range(500):
+        expert, agent = torch.randn(256, 4), torch.randn(256, 4) + delta
+        loss = net.potential(expert).mean() - net.potential(agent).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval()
+    with torch.no_grad():
+        he, ha = net.potential(torch.randn(10_000, 4)), net.potential(torch.randn(10_000, 4) + delta)
+    gap = (ha.mean() - he.mean()).item()
+    se = math.sqrt(ha.var().item() / 10_000 + he.var().item() / 10_000)
+    assert 0 < gap <= 2 / math.sqrt(64) * 1.05**4 * 3.0 + 3 * se
+
+
+# ---- §7.7 reward shaping ------------------------------------------------------------------------
+def test_reward_shapings():
+    h = torch.linspace(0, 5, 101)
+    r = RewardShaper("exp")(h)
+    assert (r > 0).all() and (r <= 1).all() and (r.diff() < 0).all()
+    shaper = RewardShaper("symexp")
+    first = torch.rand(512)
+    q = torch.quantile(first, torch.tensor([0.05, 0.5, 0.95]))
+    r1 = shaper(first)  # EMAs start at the first batch's quantiles
+    u = (first - q[1]) / (q[2] - q[0])
+    assert torch.allclose(r1, (-torch.sign(u) * torch.expm1(u.abs())).clamp(-5, 5), atol=1e-6)
+    ema_before = shaper.quantiles.clone()
+    second = torch.rand(512) * 10
+    r2 = shaper(second)  # computed with the EMAs *before* this batch's update
+    u2 = (second - ema_before[1]) / (ema_before[2] - ema_before[0])
+    assert torch.allclose(r2, (-torch.sign(u2) * torch.expm1(u2.abs())).clamp(-5, 5), atol=1e-5)
+    assert not torch.equal(shaper.quantiles, ema_before) and r2.min() == -5
+    fixed = RewardShaper("symexp")
+    fixed(torch.tensor([0.0, 1.0, 2.0]))  # q50 = 1
+    grid = torch.linspace(0, 2, 201)
+    out = fixed(grid)
+    mid = 100
+    assert torch.allclose(out[mid - 50 : mid], -out[mid + 1 : mid + 51].flip(0), atol=1e-4)  # odd in u
+    assert (out.diff() <= 0).all() and (out[:60].diff() < 0).all()
+    assert RewardShaper("linear")(torch.tensor([0.0, 1.0, 2.0])).tolist() == pytest.approx([0.5556, 0.0, -0.5556], abs=1e-3)
+
+
+def test_rewards_are_recomputed_with_the_current_predictor():
+    torch.manual_seed(0)
+    expert, agent = _batches()
+    model = NGT(obs_dim=3, act_dim=1, reward_shaping="exp")
+    before = model.reward(agent)
+    opt = torch.optim.Adam(model.reward_net.predictor.parameters(), lr=1e-2)
+    model.reward_loss(expert, agent).backward()
+    opt.step()
+    assert not torch.allclose(model.reward(agent), before)
+
+
+# ---- §7.8 effect (Pendulum, 20 expert transitions, 2 seeds) ---------------------------------------
+@pytest.mark.slow
+def test_effect_ngt_beats_red_from_20_transitions():
+    from litlab.cards import load_card
+    from litlab.repro import reproduce
+
+    res = reproduce(load_card(ROOT / "seeds/ngt.yaml"), "quick", out_root=ROOT / "runs/repro")
+    assert res["passed"], res["clauses"]  # wall times (spec: < 3 min CPU per run) are recorded in the card
+
+
+def test_running_obs_normaliser_path_and_state_only_input():
+    """Full-scale configs use ``obs_norm`` (shared running mean/std) and the ``ss`` variant uses x = [s; s']."""
+    from datamodules.rl import RLDataModule
+
+    L.seed_everything(1, verbose=False)
+    dm = RLDataModule(env_id="Pendulum-v1", dataset_level="expert", num_demos=1, subsampling_rate=10,
+                      n_online_steps=60)
+    model = NGT(input_mode="ss", obs_norm=True, reward_hidden=[16, 16], out_emb_dim=8, hidden=[16, 16],
+                batch_size=16, expert_batch_size=16, learning_starts=30)
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, dm)
+    assert model.obs_rms.count.item() == pytest.approx(60, abs=1e-3)
+    obs = dm.online.data["obs"][:60].double()
+    assert torch.allclose(model.obs_rms.mean, obs.mean(0), atol=1e-4)
+    assert model.reward_net.predictor[0].in_features == 6  # [s; s'] for Pendulum

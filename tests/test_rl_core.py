@@ -1,0 +1,198 @@
+"""Shared RL core: replay buffer, HDF5 reader/writer (D4RL and Minari), scores, env factory, data factory,
+data module, `litlab data d4rl`."""
+
+import io
+import math
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from lit_modules.common.rl.d4rl_io import episode_returns, load_dataset, read_metadata, write_d4rl
+from lit_modules.common.rl.envs import Collector, EnvUnavailableError, evaluate, make_env
+from lit_modules.common.rl.factory import make_dataset, pendulum_swingup
+from lit_modules.common.rl.nets import TanhGaussianActor
+from lit_modules.common.rl.replay import ReplayBuffer
+from lit_modules.common.rl.scores import D4RL_REF_SCORES, normalized_score, ref_returns
+
+
+def test_replay_ring_and_weights_only_state_dict():
+    buf = ReplayBuffer(2, 1, capacity=5)
+    for i in range(7):
+        buf.add(obs=[i, i], act=[0.1 * i], rew=float(i), next_obs=[i + 1, i + 1], terminal=0.0)
+    assert len(buf) == 5 and buf.ptr == 2
+    state = buf.state_dict()
+    assert state["rew"].tolist() == [2, 3, 4, 5, 6]  # oldest first
+    blob = io.BytesIO()
+    torch.save(state, blob)
+    blob.seek(0)
+    restored = ReplayBuffer(2, 1, capacity=5)
+    restored.load_state_dict(torch.load(blob, weights_only=True))
+    assert len(restored) == 5 and sorted(restored.data["rew"].tolist()) == [2, 3, 4, 5, 6]
+    batch = restored.sample(16)
+    assert batch["obs"].shape == (16, 2) and batch["terminal"].shape == (16,)
+    with pytest.raises(ValueError, match="capacity"):
+        ReplayBuffer(2, 1, capacity=6).load_state_dict(state)
+
+
+def test_tanh_gaussian_log_prob_matches_sample():
+    torch.manual_seed(0)
+    actor = TanhGaussianActor(3, 2, (16, 16))
+    obs = torch.randn(64, 3)
+    act, logp = actor.sample(obs)
+    assert act.abs().max() < 1
+    assert torch.allclose(actor.log_prob(obs, act, eps=1e-7), logp, atol=1e-3)
+
+
+def test_d4rl_hdf5_roundtrip_keys_and_metadata(tmp_path):
+    path = make_dataset("Pendulum-v1", "medium", n_transitions=450, seed=3, out=tmp_path / "p.hdf5", log=lambda *a: None)
+    with h5py.File(path) as f:  # dare.md §5.1 layout
+        for key in ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts",
+                    "infos/action_log_probs", "metadata/algorithm", "metadata/policy_return", "metadata/env_id",
+                    "metadata/seed"):
+            assert key in f, key
+        assert f["observations"].dtype == np.float32 and f["terminals"].dtype == bool and f["timeouts"].dtype == bool
+    meta = read_metadata(path)
+    assert meta["env_id"] == "Pendulum-v1" and meta["seed"] == 3
+    data = load_dataset(path)
+    assert data["observations"].shape == (450, 3) and data["actions"].shape == (450, 1)
+    assert np.abs(data["actions"]).max() <= 1
+    assert data["timeouts"].sum() == 3 and not data["terminals"].any()  # 200 + 200 + a cut 50-step episode
+    assert np.allclose(data["next_observations"][:-1][~data["timeouts"][:-1]], data["observations"][1:][~data["timeouts"][:-1]])
+    assert len(episode_returns(data)) == 3
+
+
+def test_minari_layout_loads_through_the_same_reader(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "main_data.hdf5"
+    with h5py.File(path, "w") as f:
+        for i, (T, term) in enumerate([(5, True), (4, False)]):
+            g = f.create_group(f"episode_{i}")
+            g["observations"] = rng.normal(size=(T + 1, 3)).astype(np.float32)
+            g["actions"] = rng.uniform(-1, 1, (T, 1)).astype(np.float32)
+            g["rewards"] = np.ones(T)
+            g["terminations"] = np.r_[np.zeros(T - 1, bool), term]
+            g["truncations"] = np.r_[np.zeros(T - 1, bool), not term]
+    data = load_dataset(tmp_path)  # a Minari data-set folder works too
+    assert data["observations"].shape == (9, 3) and data["terminals"].sum() == 1 and data["timeouts"].sum() == 1
+    with h5py.File(path) as f:
+        assert np.allclose(data["next_observations"][:5], f["episode_0/observations"][1:])
+    assert episode_returns(data).tolist() == [5.0, 4.0]
+
+
+def test_old_d4rl_file_without_next_observations(tmp_path):
+    obs = np.arange(12, dtype=np.float32).reshape(6, 2)
+    write_d4rl(tmp_path / "old.hdf5", {"observations": obs, "actions": np.zeros((6, 1)), "rewards": np.ones(6),
+                                        "terminals": np.array([0, 0, 1, 0, 0, 0], bool),
+                                        "timeouts": np.array([0, 0, 0, 0, 0, 1], bool)}, {"env_id": "x"})
+    data = load_dataset(tmp_path / "old.hdf5")
+    assert len(data["observations"]) == 5  # the time-limited last row has no s'
+    assert np.allclose(data["next_observations"][0], obs[1])
+
+
+def test_reference_scores():
+    assert ref_returns("Hopper-v4") == D4RL_REF_SCORES["hopper"] == (-20.272305, 3234.3)
+    assert normalized_score("halfcheetah-medium-v2", 12135.0) == pytest.approx(100.0)
+    assert normalized_score("Walker2d-v5", 1.629008) == pytest.approx(0.0)
+    assert ref_returns("antmaze-medium-play-v2") == (0.0, 1.0)
+    lo, hi = ref_returns("Pendulum-v1")  # measured, shipped in ref_scores.json
+    assert -1300 < lo < -1100 and -200 < hi < -100
+    assert ref_returns("Humanoid-v4", table="ngt") == (119.77, 6192.6)
+    with pytest.raises(KeyError, match="litlab data d4rl"):
+        ref_returns("MountainCarContinuous-v0")
+
+
+def test_d4rl_reference_table_matches_d4rl_infos():
+    try:
+        import d4rl.infos as infos  # optional extra; `import d4rl` crashes without the MuJoCo 2.1 binary
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"d4rl not importable: {err}")
+    for family, (lo, hi) in D4RL_REF_SCORES.items():
+        if family == "antmaze":
+            continue
+        key = f"{family}-medium-v2"
+        assert infos.REF_MIN_SCORE[key] == pytest.approx(lo) and infos.REF_MAX_SCORE[key] == pytest.approx(hi)
+
+
+def test_env_factory_collector_and_evaluation():
+    env = make_env("Pendulum-v1")
+    assert env.action_space.low.tolist() == [-1.0] and env.action_space.high.tolist() == [1.0]
+    buf = ReplayBuffer(3, 1, 500)
+    col = Collector(env, buf, seed=0, reward_scale=0.1)
+    for _ in range(250):
+        col.step(None)
+    assert col.env_steps == 250 and col.episodes == 1 and len(buf) == 250
+    assert buf.data["terminal"][:250].sum() == 0  # Pendulum's time limit is truncation, not termination
+    assert math.isclose(buf.data["rew"][:200].sum().item() * 10, col.last_episode_return, rel_tol=1e-4)
+    returns = evaluate(pendulum_swingup, "Pendulum-v1", n_episodes=2)
+    assert np.mean(returns) > -300  # the analytic expert swings up
+    with pytest.raises(ValueError, match="not a registered"):
+        make_env("NoSuchEnv-v0")
+
+
+def test_mujoco_env_builds_or_says_how_to_install():
+    try:
+        env = make_env("Hopper-v4", terminate_when_unhealthy=False)
+    except EnvUnavailableError as err:
+        assert "gymnasium[mujoco]" in str(err)
+        return
+    assert env.observation_space.shape == (11,) and env.action_space.shape == (3,)
+    env.reset(seed=0)
+    env.step(env.action_space.sample())
+
+
+def test_datamodule_subsamples_20_expert_transitions():
+    from datamodules.rl import RLDataModule
+
+    dm = RLDataModule(env_id="Pendulum-v1", dataset_level="expert", num_demos=1, subsampling_rate=10,
+                      subsampling_offset=3, n_online_steps=10, obs_scale=[1.0, 1.0, 8.0], env_seed=0)
+    dm.setup("fit")
+    assert dm.offline_size == 20
+    assert torch.equal(dm.offline["episode"], torch.zeros(20, dtype=torch.long))
+    assert dm.offline["obs"][:, 2].abs().max() <= 1.0  # scaled by obs_scale
+    dm.collect(None)
+    assert dm.env_steps == 1 and len(dm.online) == 1
+    state = dm.state_dict()
+    assert set(state) == {"iteration", "collector", "online"} and state["online"]["size"] == 1
+
+
+def test_missing_full_scale_dataset_fails_at_once(tmp_path):
+    from datamodules.commonsense import DatasetUnavailableError
+    from datamodules.rl import RLDataModule
+
+    with pytest.raises(DatasetUnavailableError, match="litlab data d4rl --env Pendulum-v1 --level medium-expert"):
+        RLDataModule(env_id="Pendulum-v1", dataset_level="medium-expert", generate_dataset=False)
+    with pytest.raises(DatasetUnavailableError, match="does not exist"):
+        RLDataModule(env_id="Pendulum-v1", dataset_path=str(tmp_path / "nope.hdf5"))
+    with pytest.raises(ValueError, match="dataset_level"):
+        RLDataModule(env_id="Pendulum-v1", dataset_level="mediocre")
+
+
+def test_litlab_data_d4rl_command(tmp_path, capsys):
+    from litlab.data import main
+
+    out = tmp_path / "pend-random.hdf5"
+    assert main(["d4rl", "--env", "Pendulum-v1", "--level", "random", "--n", "400", "--out", str(out)]) == 0
+    assert load_dataset(out)["observations"].shape == (400, 3)
+    assert main(["d4rl", "--info", str(out)]) == 0
+    assert "400 transitions" in capsys.readouterr().out
+    assert main(["d4rl", "--env", "Hopper-v4", "--level", "medium", "--policy", "analytic"]) == 2
+
+
+def test_loop_benchmark_runs_both_loops():
+    from lit_modules.common.rl.benchmark import benchmark
+
+    res = benchmark(steps=120, rounds=1, hidden=[16, 16], batch_size=16, learning_starts=40)
+    assert res["plain_steps_per_s_cpu"][0] > 0 and res["lightning_steps_per_s_cpu"][0] > 0
+    assert res["overhead_ratio_cpu_median"] > 0
+
+
+def test_sac_route_of_the_data_factory(tmp_path):
+    """The route used for MuJoCo tasks (SAC trained here, medium = first snapshot at 1/3 of the expert return),
+    exercised on Pendulum with a tiny budget: the pipeline, not the policy quality."""
+    path = make_dataset("Pendulum-v1", "medium-replay", n_transitions=200, policy="sac", sac_steps=300,
+                        out=tmp_path / "mr.hdf5", log=lambda *a: None, ref_episodes=3)
+    data = load_dataset(path)
+    assert len(data["observations"]) <= 300 and data["timeouts"][-1]
+    assert "SAC" in read_metadata(path)["algorithm"]
