@@ -26,7 +26,7 @@ import torch
 from kernels.block_select import quant_qk_block_select, smooth_quantize
 from kernels.block_sparse_attention import block_sparse_attention, dense_causal_attention
 from lit_modules.common.kv_cache import KVMethod, register_attention
-from lit_modules.long_context_eval import LongContextEval
+from lit_modules.common.long_context_eval import LongContextEval
 
 Attn = Literal["sale", "sale_pooled", "sdpa"]
 
@@ -308,7 +308,7 @@ def cpu_prefill_timing(lengths=(4096, 8192, 16384), H: int = 2, d: int = 64, tau
 
 def report(res: dict, out_dir) -> dict:
     """Card hook: density / output error / accuracy of every run, and the CPU timing of ``cpu_prefill_timing``."""
-    from lit_modules.long_context_eval import read_run_metrics
+    from lit_modules.common.long_context_eval import read_run_metrics
 
     numbers, lines = {}, ["| run | acc | density | attn out rel err |", "|---|---|---|---|"]
     for name, run in res["runs"].items():

