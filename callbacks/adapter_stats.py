@@ -6,13 +6,14 @@ from collections.abc import Mapping
 
 import lightning as L
 import torch
-
-from lit_modules.common.adapters import AdapterLinear, find_adapters
-from lit_modules.common.kruskal import effective_rank, sampled_logvol, sampled_sigma_min
+from litlab.lit_modules.core.adapters import AdapterLinear, find_adapters
+from litlab.lit_modules.core.kruskal import effective_rank, sampled_logvol, sampled_sigma_min
 
 
 @torch.no_grad()
-def adapter_spectrum(adapted: Mapping[str, AdapterLinear], n_samples: int = 500, seed: int = 12345) -> dict[str, float]:
+def adapter_spectrum(
+    adapted: Mapping[str, AdapterLinear], n_samples: int = 500, seed: int = 12345
+) -> dict[str, float]:
     """Means over adapted layers of: the effective rank of ΔW, and for each branch's Kruskal factors
     (A and Bᵀ, or D and C) the sampled log-volume and median σ_min of random q-column subsets
     (lokra.md §5; the *minimum* σ_min over samples says little, even Gaussian factors give ~1e-4)."""

@@ -40,16 +40,18 @@ def task_accuracy(module: L.LightningModule, loader) -> tuple[int, int]:
     return correct, total
 
 
-def cl_metrics(R: list[list[float]], correct: list[list[int]], sizes: list[int],
-               init_acc: list[float] | None = None) -> dict[str, float]:
+def cl_metrics(
+    R: list[list[float]], correct: list[list[int]], sizes: list[int], init_acc: list[float] | None = None
+) -> dict[str, float]:
     """ACC, task-mean ACC, MAA, BWT, forgetting and FWT from the rows of R (row i = after task i)."""
     T = len(R)
     A = [sum(correct[i][: i + 1]) / max(sum(sizes[: i + 1]), 1) for i in range(T)]
     out = {"cl/acc": A[-1], "cl/acc_task_mean": sum(R[-1][:T]) / T, "cl/maa": sum(A) / T}
     if T > 1:
         out["cl/bwt"] = sum(R[T - 1][j] - R[j][j] for j in range(T - 1)) / (T - 1)
-        out["cl/forgetting"] = sum(max(R[i][j] for i in range(j, T - 1)) - R[T - 1][j]
-                                   for j in range(T - 1)) / (T - 1)
+        out["cl/forgetting"] = sum(
+            max(R[i][j] for i in range(j, T - 1)) - R[T - 1][j] for j in range(T - 1)
+        ) / (T - 1)
         if init_acc is not None:
             out["cl/fwt"] = sum(R[j - 1][j] - init_acc[j] for j in range(1, T)) / (T - 1)
     return out
@@ -60,9 +62,9 @@ class AccuracyMatrixCallback(L.Callback):
 
     def __init__(self, filename: str = "accuracy_matrix"):
         self.filename = filename
-        self.R: list[list[float]] = []          # R[i][j]
-        self.correct: list[list[int]] = []      # correct counts, same layout
-        self.sizes: list[int] = []              # test-set size of each task
+        self.R: list[list[float]] = []  # R[i][j]
+        self.correct: list[list[int]] = []  # correct counts, same layout
+        self.sizes: list[int] = []  # test-set size of each task
         self.init_acc: list[float] | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -92,11 +94,15 @@ class AccuracyMatrixCallback(L.Callback):
 
     def save(self, run_dir: Path, trainer: L.Trainer | None = None) -> Path:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / f"{self.filename}.json").write_text(json.dumps(
-            {"R": self.R, "init_acc": self.init_acc, "sizes": self.sizes, "metrics": self.metrics()}, indent=1))
+        (run_dir / f"{self.filename}.json").write_text(
+            json.dumps(
+                {"R": self.R, "init_acc": self.init_acc, "sizes": self.sizes, "metrics": self.metrics()},
+                indent=1,
+            )
+        )
         png = run_dir / f"{self.filename}.png"
         draw_accuracy_matrix(torch.tensor(self.R), png, title="R[i, j]: accuracy on task j after task i")
-        for logger in (trainer.loggers if trainer is not None else []):
+        for logger in trainer.loggers if trainer is not None else []:
             if type(logger).__name__ == "WandbLogger":
                 logger.log_image(key="cl/accuracy_matrix", images=[str(png)])
         return png
@@ -122,8 +128,15 @@ def draw_accuracy_matrix(R: torch.Tensor, path: Path, title: str = "", ax=None) 
     ax.imshow(R.numpy(), vmin=0, vmax=1, cmap="viridis")
     for i in range(R.shape[0]):
         for j in range(R.shape[1]):
-            ax.text(j, i, f"{R[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if R[i, j] < 0.6 else "black")
+            ax.text(
+                j,
+                i,
+                f"{R[i, j]:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if R[i, j] < 0.6 else "black",
+            )
     ax.set_xlabel("evaluated on task j")
     ax.set_ylabel("after training task i")
     ax.set_xticks(range(R.shape[1]))
@@ -152,23 +165,37 @@ def accuracy_matrix_report(res: dict, out_dir, slug: str, timed: dict | None = N
         if dirs in seen_dirs:  # the same runs listed again under another metric
             continue
         seen_dirs.add(dirs)
-        data = [json.loads((Path(d) / "accuracy_matrix.json").read_text()) for d in dirs
-                if (Path(d) / "accuracy_matrix.json").exists()]
+        data = [
+            json.loads((Path(d) / "accuracy_matrix.json").read_text())
+            for d in dirs
+            if (Path(d) / "accuracy_matrix.json").exists()
+        ]
         if not data:
             continue
         matrices[name] = torch.tensor([d["R"] for d in data]).mean(0)
-        mean = {k: sum(d["metrics"].get(k, float("nan")) for d in data) / len(data)
-                for k in ("cl/acc", "cl/bwt", "cl/forgetting", "cl/maa")}
-        rows.append(f"| {name} | {mean['cl/acc']:.3f} | {mean['cl/bwt']:.3f} | {mean['cl/forgetting']:.3f} | "
-                    f"{mean['cl/maa']:.3f} | {len(data)} |")
+        mean = {
+            k: sum(d["metrics"].get(k, float("nan")) for d in data) / len(data)
+            for k in ("cl/acc", "cl/bwt", "cl/forgetting", "cl/maa")
+        }
+        rows.append(
+            f"| {name} | {mean['cl/acc']:.3f} | {mean['cl/bwt']:.3f} | {mean['cl/forgetting']:.3f} | "
+            f"{mean['cl/maa']:.3f} | {len(data)} |"
+        )
     figures, numbers = [], {}
-    md = ["## Accuracy matrices (mean over seeds)", "",
-          "| run | ACC | BWT | forgetting | MAA | seeds |", "|---|---|---|---|---|---|", *rows, ""]
+    md = [
+        "## Accuracy matrices (mean over seeds)",
+        "",
+        "| run | ACC | BWT | forgetting | MAA | seeds |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
     if matrices:
         n = len(matrices)
         cols = min(n, 4)
-        fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3.2 * cols, 3.0 * ((n + cols - 1) // cols)),
-                                 squeeze=False)
+        fig, axes = plt.subplots(
+            (n + cols - 1) // cols, cols, figsize=(3.2 * cols, 3.0 * ((n + cols - 1) // cols)), squeeze=False
+        )
         for ax, (name, R) in zip(axes.flat, matrices.items()):
             draw_accuracy_matrix(R, Path(), title=name, ax=ax)
         for ax in list(axes.flat)[n:]:
@@ -179,14 +206,18 @@ def accuracy_matrix_report(res: dict, out_dir, slug: str, timed: dict | None = N
         plt.close(fig)
         figures.append(path)
     if timed:
-        from datamodules.continual import ContinualDataModule
-        from lit_modules.common.continual import time_training_steps
+        from litlab.datamodules.continual import ContinualDataModule
+        from litlab.lit_modules.continual.harness import time_training_steps
 
         with torch.random.fork_rng():
             torch.manual_seed(0)
             secs = time_training_steps(timed, ContinualDataModule())
-        md += ["## Time per training step vs plain LoRA (median, interleaved, one process)", "",
-               "| method | ms / step | ratio to LoRA |", "|---|---|---|"]
+        md += [
+            "## Time per training step vs plain LoRA (median, interleaved, one process)",
+            "",
+            "| method | ms / step | ratio to LoRA |",
+            "|---|---|---|",
+        ]
         for name, s in secs.items():
             ratio = s / secs["lora"]
             md.append(f"| {name} | {1000 * s:.2f} | {ratio:.2f} |")

@@ -10,20 +10,32 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-
-from lit_modules.common.rl.envs import evaluate
-from lit_modules.common.rl.scores import normalized_score
+from litlab.lit_modules.rl.envs import evaluate
+from litlab.lit_modules.rl.scores import normalized_score
 
 
 class RLEvalCallback(L.Callback):
-    def __init__(self, every_n_iterations: int = 1000, n_episodes: int = 5, ref_table: str = "d4rl",
-                 seed_base: int = 10_000, checkpoint_every_n_iterations: int | None = 1000):
+    def __init__(
+        self,
+        every_n_iterations: int = 1000,
+        n_episodes: int = 5,
+        ref_table: str = "d4rl",
+        seed_base: int = 10_000,
+        checkpoint_every_n_iterations: int | None = 1000,
+    ):
         """Logs ``eval/return``, ``eval/score`` (100 · (R − R_random)/(R_expert − R_random), ``ref_table`` for MuJoCo
         tasks: ``d4rl`` or ``ngt``), ``eval/norm_return`` (score / 100), ``eval/score_offline_end`` (at the switch to
         the online phase) and ``eval/score_auc`` (mean score over the online evaluations)."""
         if every_n_iterations < 1 or n_episodes < 1:
-            raise ValueError(f"every_n_iterations and n_episodes must be >= 1, got {every_n_iterations}, {n_episodes}")
-        self.every, self.n_episodes, self.ref_table, self.seed_base = every_n_iterations, n_episodes, ref_table, seed_base
+            raise ValueError(
+                f"every_n_iterations and n_episodes must be >= 1, got {every_n_iterations}, {n_episodes}"
+            )
+        self.every, self.n_episodes, self.ref_table, self.seed_base = (
+            every_n_iterations,
+            n_episodes,
+            ref_table,
+            seed_base,
+        )
         self.ckpt_every = checkpoint_every_n_iterations
         self.history: list[dict[str, float]] = []
         self._online_scores: list[float] = []
@@ -34,31 +46,54 @@ class RLEvalCallback(L.Callback):
     def load_state_dict(self, state: dict) -> None:
         self._online_scores = [float(x) for x in state.get("online_scores", [])]
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         dm = trainer.datamodule
         it = dm.iteration
         phase_end = dm.n_offline_steps > 0 and it == dm.n_offline_steps
         if it % self.every == 0 or it == dm.total_iterations or phase_end:
             self.run_eval(trainer, pl_module, phase_end)
-        if self.ckpt_every and it % self.ckpt_every == 0 and it < dm.total_iterations and trainer.checkpoint_callback:
+        if (
+            self.ckpt_every
+            and it % self.ckpt_every == 0
+            and it < dm.total_iterations
+            and trainer.checkpoint_callback
+        ):
             ckpt = trainer.checkpoint_callback
             if ckpt.dirpath:
                 path = str(Path(ckpt.dirpath) / f"{ckpt.CHECKPOINT_NAME_LAST}{ckpt.FILE_EXTENSION}")
-                ckpt.last_model_path = path  # ModelCheckpoint then overwrites it at the end instead of writing last-v1
+                ckpt.last_model_path = (
+                    path  # ModelCheckpoint then overwrites it at the end instead of writing last-v1
+                )
                 trainer.save_checkpoint(path)
 
-    def run_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, phase_end: bool = False) -> dict[str, float]:
+    def run_eval(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, phase_end: bool = False
+    ) -> dict[str, float]:
         dm = trainer.datamodule
         env_kwargs = {"terminate_when_unhealthy": dm.hparams.terminate_when_unhealthy}
-        returns = evaluate(lambda o: pl_module.act(o.to(pl_module.device), deterministic=True), dm.hparams.env_id,
-                           self.n_episodes, self.seed_base, dm.obs_scale, env_kwargs)
+        returns = evaluate(
+            lambda o: pl_module.act(o.to(pl_module.device), deterministic=True),
+            dm.hparams.env_id,
+            self.n_episodes,
+            self.seed_base,
+            dm.obs_scale,
+            env_kwargs,
+        )
         ret = float(np.mean(returns))
         try:
             score = normalized_score(dm.hparams.env_id, ret, self.ref_table)
         except KeyError:
             score = math.nan
-        metrics = {"eval/return": ret, "eval/return_std": float(np.std(returns)), "eval/score": score,
-                   "eval/norm_return": score / 100, "env_steps": float(dm.env_steps), "iteration": float(dm.iteration)}
+        metrics = {
+            "eval/return": ret,
+            "eval/return_std": float(np.std(returns)),
+            "eval/score": score,
+            "eval/norm_return": score / 100,
+            "env_steps": float(dm.env_steps),
+            "iteration": float(dm.iteration),
+        }
         if phase_end:
             metrics["eval/score_offline_end"] = score
         if dm.env_steps > 0 and dm.iteration > dm.n_offline_steps:
@@ -66,7 +101,9 @@ class RLEvalCallback(L.Callback):
             metrics["eval/score_auc"] = float(np.mean(self._online_scores))
         self.history.append(metrics)
         # straight to the loggers: an evaluation must not be dropped by log_every_n_steps
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped  # the step Lightning logs training metrics at
+        step = (
+            trainer.fit_loop.epoch_loop._batches_that_stepped
+        )  # the step Lightning logs training metrics at
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         for k, v in metrics.items():

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-
-from litlab.runs import atomic_write_json
+from litlab.lit_modules.core.io import atomic_write_json
 
 
 class RunSummary(L.Callback):
@@ -32,11 +31,18 @@ class RunSummary(L.Callback):
             value = float(v.detach().float().mean()) if isinstance(v, torch.Tensor) else float(v)
             metrics[k] = value if math.isfinite(value) else str(value)
         name = "summary.json" if stage == "fit" else f"summary-{stage}.json"
-        atomic_write_json(self.run_dir / name, {
-            **self.identity, "status": status, "stage": stage, "metrics": metrics,
-            "global_step": trainer.global_step, "epoch": trainer.current_epoch,
-            "wall_time_s": round(time.time() - self._started, 3),
-        })
+        atomic_write_json(
+            self.run_dir / name,
+            {
+                **self.identity,
+                "status": status,
+                "stage": stage,
+                "metrics": metrics,
+                "global_step": trainer.global_step,
+                "epoch": trainer.current_epoch,
+                "wall_time_s": round(time.time() - self._started, 3),
+            },
+        )
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._started = time.time()

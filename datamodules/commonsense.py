@@ -22,15 +22,14 @@ import lightning as L
 import torch
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
-from torch.utils.data import DataLoader
-
-from lit_modules.common.hf import (
-    ResourceUnavailableError,
+from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.core.hf import (
     download_instructions,
     hub_unreachable_reason,
     load_tokenizer,
     offline_env_var,
 )
+from torch.utils.data import DataLoader
 
 PROMPT_TEMPLATE = (
     "Below is an instruction that describes a task. Write a response that appropriately completes "
@@ -43,10 +42,6 @@ PROMPT_TEMPLATE_WITH_INPUT = (
 )
 IGNORE_INDEX = -100  # torch cross_entropy's default ignore_index
 _TOKENIZE_CHUNK = 1024  # records per tokenizer call: fast batching without a 170k-long list of lists
-
-
-class DatasetUnavailableError(ResourceUnavailableError):
-    """A data set is neither a local file nor downloadable from here."""
 
 
 def format_prompt(record: dict[str, Any]) -> str:

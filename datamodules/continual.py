@@ -31,32 +31,41 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.core.io import atomic_path, cache_dir
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, TensorDataset
 
-from datamodules.commonsense import DatasetUnavailableError
-
 Benchmark = Literal["digits", "mnist1d", "text", "imagenet_r", "cifar100", "domainnet"]
-# ``text``: which stdlib module a 64-character docstring snippet comes from (the local corpus of datamodules.text),
+# ``text``: which stdlib module a 64-character docstring snippet comes from (the local corpus of litlab.datamodules.text),
 # 10 modules with the most docstring text, for a small pre-trained language model (TinyGPT).
-TEXT_MODULES = ("logging", "doctest", "difflib", "inspect", "pdb", "typing", "threading", "ipaddress", "statistics",
-                "unittest.mock")
+TEXT_MODULES = (
+    "logging",
+    "doctest",
+    "difflib",
+    "inspect",
+    "pdb",
+    "typing",
+    "threading",
+    "ipaddress",
+    "statistics",
+    "unittest.mock",
+)
 # Full scale (_lora_core.md §6): image folders the user provides, ``<data_root>/{train,test}/<class>/<image>``
 # (the layout of InfLoRA's ImageNet-R / DomainNet splits; CIFAR-100 exported to PNG folders).
 FOLDER_BENCHMARKS = {
     "imagenet_r": "ImageNet-R (200 classes): https://people.eecs.berkeley.edu/~hendrycks/imagenet-r.tar, split 80/20 "
-                  "per class into train/ and test/ as in InfLoRA (github.com/liangyanshuo/InfLoRA)",
+    "per class into train/ and test/ as in InfLoRA (github.com/liangyanshuo/InfLoRA)",
     "cifar100": "CIFAR-100: https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz, written out as "
-                "train/<class>/*.png and test/<class>/*.png",
+    "train/<class>/*.png and test/<class>/*.png",
     "domainnet": "DomainNet (345 classes, 6 domains): http://ai.bu.edu/M3SDA/, with InfLoRA's train/test lists "
-                 "arranged as train/<class>/ and test/<class>/",
+    "arranged as train/<class>/ and test/<class>/",
 }
 Scenario = Literal["split", "permuted", "rotated"]
 
 
 def load_digits_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from litlab.datamodules.bundled import load_bundled
     from sklearn.model_selection import train_test_split
-
-    from datamodules.bundled import load_bundled
 
     X, y = load_bundled("digits")
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, stratify=y, random_state=0)
@@ -66,7 +75,6 @@ def load_digits_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
 
 def load_mnist1d() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """MNIST-1D made locally (never ``get_dataset()``, which downloads); cached as a tensor file."""
-    from lit_modules.common.pretrain import cache_dir
 
     path = cache_dir() / "mnist1d-default.pt"
     if path.exists():
@@ -78,10 +86,8 @@ def load_mnist1d() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
             raise ImportError("benchmark 'mnist1d' needs the mnist1d package: pip install mnist1d") from err
         raw = make_dataset(get_dataset_args())
         d = {k: torch.tensor(np.asarray(raw[k])) for k in ("x", "y", "x_test", "y_test")}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(d, tmp)
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            torch.save(d, tmp)
     x, xt = d["x"].float(), d["x_test"].float()
     mean, std = x.mean(), x.std()
     tok = lambda a: ((a - mean) / std).view(-1, 10, 4)  # noqa: E731
@@ -93,12 +99,12 @@ def load_text_snippets(chars: int = 64, per_class: int = 280) -> tuple[torch.Ten
     module), ``per_class`` windows each, split 70/30 with a fixed seed."""
     import importlib
 
-    from datamodules.text import CharTokenizer, _module_docstrings, _normalise
+    from litlab.lit_modules.core.corpus import CharTokenizer, module_docstrings, normalise
 
     tok, gen = CharTokenizer(), torch.Generator().manual_seed(0)
     xtr, ytr, xte, yte = [], [], [], []
     for label, name in enumerate(TEXT_MODULES):
-        text = "\n\n".join(_normalise(d) for d in _module_docstrings(importlib.import_module(name)))
+        text = "\n\n".join(normalise(d) for d in module_docstrings(importlib.import_module(name)))
         ids = tok.encode(text)
         windows = ids[: len(ids) // chars * chars].view(-1, chars)
         windows = windows[torch.randperm(len(windows), generator=gen)[:per_class]]
@@ -122,27 +128,47 @@ def rotate_images(x: torch.Tensor, degrees: float) -> torch.Tensor:
 class ContinualDataModule(L.LightningDataModule):
     """Task sequence over one offline benchmark; see the module docstring for the layout of one fit."""
 
-    def __init__(self, benchmark: Benchmark = "digits", scenario: Scenario = "split", num_tasks: int = 5,
-                 epochs_per_task: int = 3, batch_size: int = 32, class_order_seed: int | None = None,
-                 task_seed: int = 0, rotation_step: float = 30.0, shift_step: int = 4, cumulative: bool = False,
-                 num_workers: int = 0, data_root: str | None = None, image_size: int = 224):
+    def __init__(
+        self,
+        benchmark: Benchmark = "digits",
+        scenario: Scenario = "split",
+        num_tasks: int = 5,
+        epochs_per_task: int = 3,
+        batch_size: int = 32,
+        class_order_seed: int | None = None,
+        task_seed: int = 0,
+        rotation_step: float = 30.0,
+        shift_step: int = 4,
+        cumulative: bool = False,
+        num_workers: int = 0,
+        data_root: str | None = None,
+        image_size: int = 224,
+    ):
         super().__init__()
         self.save_hyperparameters()
         if benchmark not in Benchmark.__args__:
-            raise ValueError(f"unknown continual benchmark {benchmark!r}; expected one of {Benchmark.__args__}")
+            raise ValueError(
+                f"unknown continual benchmark {benchmark!r}; expected one of {Benchmark.__args__}"
+            )
         if benchmark in FOLDER_BENCHMARKS:
             _check_folder(benchmark, data_root)
         if (benchmark in FOLDER_BENCHMARKS or benchmark == "text") and scenario != "split":
-            raise ValueError(f"benchmark {benchmark!r} is class-incremental only: scenario must be 'split', got {scenario!r}")
+            raise ValueError(
+                f"benchmark {benchmark!r} is class-incremental only: scenario must be 'split', got {scenario!r}"
+            )
         if scenario not in ("split", "permuted", "rotated"):
             raise ValueError(f"unknown scenario {scenario!r}; expected 'split', 'permuted' or 'rotated'")
         if num_tasks < 1 or epochs_per_task < 1 or batch_size < 1:
-            raise ValueError(f"num_tasks, epochs_per_task and batch_size must be >= 1, got "
-                             f"{num_tasks}, {epochs_per_task}, {batch_size}")
+            raise ValueError(
+                f"num_tasks, epochs_per_task and batch_size must be >= 1, got "
+                f"{num_tasks}, {epochs_per_task}, {batch_size}"
+            )
         self.num_classes = len(_folder_classes(data_root)) if benchmark in FOLDER_BENCHMARKS else 10
         if scenario == "split" and self.num_classes % num_tasks:
-            raise ValueError(f"split scenario cuts the {self.num_classes} classes evenly: num_tasks must divide "
-                             f"{self.num_classes}, got {num_tasks}")
+            raise ValueError(
+                f"split scenario cuts the {self.num_classes} classes evenly: num_tasks must divide "
+                f"{self.num_classes}, got {num_tasks}"
+            )
         self.num_tasks, self.epochs_per_task = num_tasks, epochs_per_task
         self._ready = False
 
@@ -155,7 +181,11 @@ class ContinualDataModule(L.LightningDataModule):
             self._setup_folders()
             self._ready = True
             return
-        xtr, ytr, xte, yte = {"digits": load_digits_split, "mnist1d": load_mnist1d, "text": load_text_snippets}[hp.benchmark]()
+        xtr, ytr, xte, yte = {
+            "digits": load_digits_split,
+            "mnist1d": load_mnist1d,
+            "text": load_text_snippets,
+        }[hp.benchmark]()
         self.pretext_inputs = xtr  # unlabelled, untransformed training inputs for backbone pre-training
         self.input_kind = {"digits": "image", "mnist1d": "tokens", "text": "text"}[hp.benchmark]
         self.input_shape = tuple(xtr.shape[1:])
@@ -172,10 +202,13 @@ class ContinualDataModule(L.LightningDataModule):
 
     def _class_split(self) -> list[list[int]]:
         hp, n = self.hparams, self.num_classes
-        order = list(range(n)) if hp.class_order_seed is None else \
-            torch.randperm(n, generator=torch.Generator().manual_seed(hp.class_order_seed)).tolist()
+        order = (
+            list(range(n))
+            if hp.class_order_seed is None
+            else torch.randperm(n, generator=torch.Generator().manual_seed(hp.class_order_seed)).tolist()
+        )
         per = n // hp.num_tasks
-        return [order[t * per:(t + 1) * per] for t in range(hp.num_tasks)]
+        return [order[t * per : (t + 1) * per] for t in range(hp.num_tasks)]
 
     def _setup_folders(self) -> None:
         hp = self.hparams
@@ -183,8 +216,14 @@ class ContinualDataModule(L.LightningDataModule):
         self.task_classes = self._class_split()
         self.input_kind, self.input_shape = "image", (3, hp.image_size, hp.image_size)
         self.pretext_inputs = None
-        files = {split: [(str(f), c) for c, name in enumerate(classes)
-                         for f in sorted((Path(hp.data_root) / split / name).iterdir())] for split in ("train", "test")}
+        files = {
+            split: [
+                (str(f), c)
+                for c, name in enumerate(classes)
+                for f in sorted((Path(hp.data_root) / split / name).iterdir())
+            ]
+            for split in ("train", "test")
+        }
         pick = lambda split, cs: _ImageFiles([fc for fc in files[split] if fc[1] in cs], hp.image_size)  # noqa: E731
         self.train_sets = [pick("train", set(cs)) for cs in self.task_classes]
         self.test_sets = [pick("test", set(cs)) for cs in self.task_classes]
@@ -195,7 +234,9 @@ class ContinualDataModule(L.LightningDataModule):
             return x
         if hp.scenario == "permuted":
             flat = x.reshape(x.shape[0], -1)
-            perm = torch.randperm(flat.shape[1], generator=torch.Generator().manual_seed(1000 * hp.task_seed + t))
+            perm = torch.randperm(
+                flat.shape[1], generator=torch.Generator().manual_seed(1000 * hp.task_seed + t)
+            )
             return flat[:, perm].reshape(x.shape)
         if hp.benchmark == "digits":
             return rotate_images(x, t * hp.rotation_step)
@@ -230,25 +271,40 @@ class ContinualDataModule(L.LightningDataModule):
     # ---- loaders ---------------------------------------------------------------------------------
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
-        if trainer is not None and not trainer.fast_dev_run and trainer.reload_dataloaders_every_n_epochs != 1:
-            raise ValueError("ContinualDataModule serves one task per block of epochs: set "
-                             "trainer.reload_dataloaders_every_n_epochs: 1 (got "
-                             f"{trainer.reload_dataloaders_every_n_epochs})")
+        if (
+            trainer is not None
+            and not trainer.fast_dev_run
+            and trainer.reload_dataloaders_every_n_epochs != 1
+        ):
+            raise ValueError(
+                "ContinualDataModule serves one task per block of epochs: set "
+                "trainer.reload_dataloaders_every_n_epochs: 1 (got "
+                f"{trainer.reload_dataloaders_every_n_epochs})"
+            )
         t = self.current_task
         # the shuffle depends on (run seed, epoch) only, so a run resumed from a checkpoint sees the same batches
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) + 1000 * (trainer.current_epoch if trainer else 0)
         gen = torch.Generator().manual_seed(seed)
         data = self._task_train(t)
         order = torch.randperm(len(data), generator=gen).tolist()  # fixed at creation: the same however often
-        return DataLoader(data, batch_size=self.hparams.batch_size, sampler=order,  # Lightning iterates it
-                          num_workers=self.hparams.num_workers, drop_last=False)
+        return DataLoader(
+            data,
+            batch_size=self.hparams.batch_size,
+            sampler=order,  # Lightning iterates it
+            num_workers=self.hparams.num_workers,
+            drop_last=False,
+        )
 
     def task_train_loader(self, t: int, batch_size: int = 256) -> DataLoader:
         """Task t's training data in order (no shuffle): statistics passes, prototypes."""
-        return DataLoader(self._dataset(self.train_sets, t), batch_size=batch_size, num_workers=self.hparams.num_workers)
+        return DataLoader(
+            self._dataset(self.train_sets, t), batch_size=batch_size, num_workers=self.hparams.num_workers
+        )
 
     def task_test_loader(self, t: int, batch_size: int = 512) -> DataLoader:
-        return DataLoader(self._dataset(self.test_sets, t), batch_size=batch_size, num_workers=self.hparams.num_workers)
+        return DataLoader(
+            self._dataset(self.test_sets, t), batch_size=batch_size, num_workers=self.hparams.num_workers
+        )
 
 
 # ---- full scale: user-provided image folders --------------------------------------------------------------
@@ -258,7 +314,8 @@ def _check_folder(benchmark: str, data_root: str | None) -> None:
             raise DatasetUnavailableError(
                 f"benchmark {benchmark!r} needs data.init_args.data_root pointing at a folder with train/<class>/ "
                 f"and test/<class>/ image folders (got data_root={data_root!r}); no package ships it and nothing "
-                f"is downloaded at run time. Get it: {FOLDER_BENCHMARKS[benchmark]}")
+                f"is downloaded at run time. Get it: {FOLDER_BENCHMARKS[benchmark]}"
+            )
 
 
 def _folder_classes(data_root: str) -> list[str]:

@@ -27,12 +27,15 @@ KEYS, VALUES, FILLER = range(4, 16), range(16, 48), range(48, 128)
 Task = Literal["passkey", "multikey", "multivalue"]
 
 FILLER_TEXT = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-         "I will quiz you about the important information there.\n")
+INTRO = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the important information there.\n"
+)
 
 
 def tiny_prompt(task: Task, length: int, gen: torch.Generator, depth: float | None = None) -> dict:
     """One integer-vocabulary prompt of exactly ``length`` tokens (context + query)."""
+
     def randint(lo, hi):
         return int(torch.randint(lo, hi, (), generator=gen))
 
@@ -42,7 +45,9 @@ def tiny_prompt(task: Task, length: int, gen: torch.Generator, depth: float | No
         v = randint(VALUES.start, VALUES.stop)
         pos = 1 + round(depth * (length - 4)) if depth is not None else randint(1, length - 2)
         x[pos], x[length - 2] = v, QUERY
-        return _item(x[:length - 2], x[length - 2:length - 1], [v], str(v), length, (pos - 1) / max(length - 4, 1))
+        return _item(
+            x[: length - 2], x[length - 2 : length - 1], [v], str(v), length, (pos - 1) / max(length - 4, 1)
+        )
     n_needles = 4 if task == "multikey" else 2
     keys = torch.randperm(len(KEYS), generator=gen)[:n_needles] + KEYS.start
     vals = torch.randint(VALUES.start, VALUES.stop, (n_needles,), generator=gen)
@@ -50,16 +55,24 @@ def tiny_prompt(task: Task, length: int, gen: torch.Generator, depth: float | No
         keys[:] = keys[0]
     slots = torch.randperm((length - 8) // 3, generator=gen)[:n_needles].sort().values * 3 + 1
     for s, k, v in zip(slots.tolist(), keys.tolist(), vals.tolist()):
-        x[s:s + 3] = torch.tensor([NEEDLE, k, v])
+        x[s : s + 3] = torch.tensor([NEEDLE, k, v])
     target = int(torch.randint(0, n_needles, (), generator=gen)) if task == "multikey" else 0
     answer = [int(vals[target])] if task == "multikey" else vals.tolist()
     q = torch.tensor([QUERY, int(keys[target])])
-    return _item(x[:length - 3], q, answer, " ".join(map(str, answer)), length, float(slots[target]) / length)
+    return _item(
+        x[: length - 3], q, answer, " ".join(map(str, answer)), length, float(slots[target]) / length
+    )
 
 
 def _item(context, query, answer_ids, answer_text, length, depth) -> dict:
-    return {"context_ids": context.long(), "query_ids": query.long(), "answer_ids": list(answer_ids),
-            "answer_text": answer_text, "length": length, "depth": depth}
+    return {
+        "context_ids": context.long(),
+        "query_ids": query.long(),
+        "answer_ids": list(answer_ids),
+        "answer_text": answer_text,
+        "length": length,
+        "depth": depth,
+    }
 
 
 def text_prompt(tokenizer, task: Task, length: int, gen: torch.Generator, depth: float | None = None) -> dict:
@@ -74,8 +87,10 @@ def text_prompt(tokenizer, task: Task, length: int, gen: torch.Generator, depth:
     elif task == "multikey":
         needles = [f" The pass key of {n} is {c}. Remember it. " for n, c in zip(names, codes)]
         target = int(torch.randint(0, n_needles, (), generator=gen))
-        question, answer = f"\nWhat is the pass key of {names[target]}? The pass key of {names[target]} is", \
-            str(codes[target])
+        question, answer = (
+            f"\nWhat is the pass key of {names[target]}? The pass key of {names[target]} is",
+            str(codes[target]),
+        )
     else:
         needles = [f" One of the pass keys is {c}. Remember it. " for c in codes]
         question, answer = "\nWhat are the pass keys? The pass keys are", " ".join(map(str, codes))
@@ -98,15 +113,25 @@ class LongContextDataModule(L.LightningDataModule):
     repro harness uses) and do all their work in validation.
     """
 
-    def __init__(self, vocab: Literal["tiny", "smollm2", "text"] = "tiny", task: Task = "passkey",
-                 lengths: list[int] | int = 256, num_prompts: int = 32, calib_prompts: int = 8,
-                 calib_length: int | None = None, depths: list[float] | None = None, seed: int = 1234,
-                 tokenizer_name: str | None = None):
+    def __init__(
+        self,
+        vocab: Literal["tiny", "smollm2", "text"] = "tiny",
+        task: Task = "passkey",
+        lengths: list[int] | int = 256,
+        num_prompts: int = 32,
+        calib_prompts: int = 8,
+        calib_length: int | None = None,
+        depths: list[float] | None = None,
+        seed: int = 1234,
+        tokenizer_name: str | None = None,
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.lengths = [lengths] if isinstance(lengths, int) else list(lengths)
         if vocab not in ("tiny", "smollm2", "text") or task not in ("passkey", "multikey", "multivalue"):
-            raise ValueError(f"vocab={vocab!r} / task={task!r}: use tiny|smollm2|text and passkey|multikey|multivalue")
+            raise ValueError(
+                f"vocab={vocab!r} / task={task!r}: use tiny|smollm2|text and passkey|multikey|multivalue"
+            )
         if vocab == "text" and not tokenizer_name:
             raise ValueError("vocab='text' needs tokenizer_name (a Hugging Face id or folder)")
         if vocab == "tiny" and min(self.lengths) < 16:
@@ -116,7 +141,7 @@ class LongContextDataModule(L.LightningDataModule):
     @property
     def tokenizer(self):
         if self._tokenizer is None and self.hparams.vocab != "tiny":
-            from lit_modules.common.hf import load_tokenizer, smollm2_folder
+            from litlab.lit_modules.core.hf import load_tokenizer, smollm2_folder
 
             name = smollm2_folder() if self.hparams.vocab == "smollm2" else self.hparams.tokenizer_name
             self._tokenizer = load_tokenizer(name)
@@ -125,8 +150,9 @@ class LongContextDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         _ = self.tokenizer  # fail at once (offline: ModelUnavailableError naming what to download)
 
-    def prompts(self, split: str, task: Task | None = None, lengths: list[int] | None = None,
-                n: int | None = None) -> list[dict]:
+    def prompts(
+        self, split: str, task: Task | None = None, lengths: list[int] | None = None, n: int | None = None
+    ) -> list[dict]:
         hp = self.hparams
         task = task or hp.task
         n = n if n is not None else (hp.calib_prompts if split == "calib" else hp.num_prompts)
@@ -135,8 +161,11 @@ class LongContextDataModule(L.LightningDataModule):
             for i in range(n):
                 gen = torch.Generator().manual_seed(zlib.crc32(repr((hp.seed, split, length, i)).encode()))
                 depth = hp.depths[i % len(hp.depths)] if hp.depths else None
-                out.append(tiny_prompt(task, length, gen, depth) if hp.vocab == "tiny"
-                           else text_prompt(self.tokenizer, task, length, gen, depth))
+                out.append(
+                    tiny_prompt(task, length, gen, depth)
+                    if hp.vocab == "tiny"
+                    else text_prompt(self.tokenizer, task, length, gen, depth)
+                )
         return out
 
     def calib_prompts(self) -> list[dict]:

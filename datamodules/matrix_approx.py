@@ -38,8 +38,14 @@ class _Repeat(Dataset):
 class MatrixApproxDataModule(L.LightningDataModule):
     """Full-batch: every training step sees the same target; an "epoch" is ``steps_per_epoch`` steps."""
 
-    def __init__(self, target: Target = "diag", dim: int = 64, target_seed: int = 1, lowrank_rank: int = 4,
-                 steps_per_epoch: int = 200):
+    def __init__(
+        self,
+        target: Target = "diag",
+        dim: int = 64,
+        target_seed: int = 1,
+        lowrank_rank: int = 4,
+        steps_per_epoch: int = 200,
+    ):
         super().__init__()
         if steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")

@@ -15,13 +15,12 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.rl.d4rl_io import episode_returns, load_dataset
+from litlab.lit_modules.rl.envs import Collector, Policy, check_env_available, env_dims, make_env
+from litlab.lit_modules.rl.factory import LEVELS, cached_dataset, dataset_path
+from litlab.lit_modules.rl.replay import ReplayBuffer
 from torch.utils.data import DataLoader, IterableDataset
-
-from datamodules.commonsense import DatasetUnavailableError
-from lit_modules.common.rl.d4rl_io import episode_returns, load_dataset
-from lit_modules.common.rl.envs import Collector, Policy, check_env_available, env_dims, make_env
-from lit_modules.common.rl.factory import LEVELS, cached_dataset, dataset_path
-from lit_modules.common.rl.replay import ReplayBuffer
 
 
 class StepIndexDataset(IterableDataset):
@@ -35,12 +34,25 @@ class StepIndexDataset(IterableDataset):
 
 
 class RLDataModule(L.LightningDataModule):
-    def __init__(self, env_id: str = "Pendulum-v1", dataset_path: str | None = None, dataset_level: str | None = "medium",
-                 generate_dataset: bool = True, dataset_size: int = 20_000, num_demos: int | None = None,
-                 subsampling_rate: int = 1, subsampling_offset: int | None = None, n_offline_steps: int = 0,
-                 n_online_steps: int = 10_000, buffer_capacity: int = 1_000_000, obs_scale: list[float] | None = None,
-                 reward_scale: float = 1.0, iql_reward_norm: bool = False,
-                 terminate_when_unhealthy: bool | None = None, env_seed: int | None = None):
+    def __init__(
+        self,
+        env_id: str = "Pendulum-v1",
+        dataset_path: str | None = None,
+        dataset_level: str | None = "medium",
+        generate_dataset: bool = True,
+        dataset_size: int = 20_000,
+        num_demos: int | None = None,
+        subsampling_rate: int = 1,
+        subsampling_offset: int | None = None,
+        n_offline_steps: int = 0,
+        n_online_steps: int = 10_000,
+        buffer_capacity: int = 1_000_000,
+        obs_scale: list[float] | None = None,
+        reward_scale: float = 1.0,
+        iql_reward_norm: bool = False,
+        terminate_when_unhealthy: bool | None = None,
+        env_seed: int | None = None,
+    ):
         """``dataset_path`` (a D4RL/Minari HDF5 file) or ``dataset_level`` (``<cache>/d4rl/<env>-<level>.hdf5``,
         generated when missing if ``generate_dataset``); ``num_demos``/``subsampling_rate``/``subsampling_offset``
         keep the first episodes and every n-th transition from a random (or given) offset (expert demos);
@@ -55,7 +67,9 @@ class RLDataModule(L.LightningDataModule):
         if subsampling_rate < 1:
             raise ValueError(f"subsampling_rate must be >= 1, got {subsampling_rate}")
         if n_offline_steps < 0 or n_online_steps < 0:
-            raise ValueError(f"step counts must be >= 0, got {n_offline_steps} offline, {n_online_steps} online")
+            raise ValueError(
+                f"step counts must be >= 0, got {n_offline_steps} offline, {n_online_steps} online"
+            )
         self.data_file = self._resolve_dataset()
         self.n_offline_steps, self.n_online_steps = n_offline_steps, n_online_steps
         self.total_iterations = n_offline_steps + n_online_steps
@@ -70,17 +84,21 @@ class RLDataModule(L.LightningDataModule):
         if hp.dataset_path:
             path = Path(hp.dataset_path).expanduser()
             if not path.exists():
-                raise DatasetUnavailableError(f"data set {path} does not exist. Generate one locally with `litlab data "
-                                              f"d4rl --env {hp.env_id} --level medium --out {path}`, or give the path of "
-                                              "a D4RL/Minari HDF5 file you have")
+                raise DatasetUnavailableError(
+                    f"data set {path} does not exist. Generate one locally with `litlab data "
+                    f"d4rl --env {hp.env_id} --level medium --out {path}`, or give the path of "
+                    "a D4RL/Minari HDF5 file you have"
+                )
             return path
         if hp.dataset_level is None:
             return None
         path = dataset_path(hp.env_id, hp.dataset_level)
         if not path.exists() and not hp.generate_dataset:
-            raise DatasetUnavailableError(f"no {hp.env_id} {hp.dataset_level} data set at {path}: generate it once with "
-                                          f"`litlab data d4rl --env {hp.env_id} --level {hp.dataset_level}` (trains "
-                                          "a policy locally; hours on CPU for MuJoCo), or set data.dataset_path")
+            raise DatasetUnavailableError(
+                f"no {hp.env_id} {hp.dataset_level} data set at {path}: generate it once with "
+                f"`litlab data d4rl --env {hp.env_id} --level {hp.dataset_level}` (trains "
+                "a policy locally; hours on CPU for MuJoCo), or set data.dataset_path"
+            )
         return path
 
     # ---- data ------------------------------------------------------------------------------------
@@ -93,7 +111,9 @@ class RLDataModule(L.LightningDataModule):
         obs_dim, act_dim = env_dims(env)
         self.obs_scale = torch.tensor(hp.obs_scale, dtype=torch.float32) if hp.obs_scale else None
         if self.obs_scale is not None and self.obs_scale.numel() != obs_dim:
-            raise ValueError(f"obs_scale has {self.obs_scale.numel()} entries, {hp.env_id} observations have {obs_dim}")
+            raise ValueError(
+                f"obs_scale has {self.obs_scale.numel()} entries, {hp.env_id} observations have {obs_dim}"
+            )
         self.reward_scale = hp.reward_scale
         if self.data_file is not None:
             if not self.data_file.exists():
@@ -111,28 +131,42 @@ class RLDataModule(L.LightningDataModule):
         if hp.iql_reward_norm:
             returns = episode_returns(data)
             if len(returns) < 2 or returns.max() == returns.min():
-                raise ValueError(f"{path}: iql_reward_norm needs >= 2 complete episodes with different returns")
+                raise ValueError(
+                    f"{path}: iql_reward_norm needs >= 2 complete episodes with different returns"
+                )
             self.reward_scale = hp.reward_scale * 1000.0 / float(returns.max() - returns.min())
         if data["observations"].shape[1] != obs_dim or data["actions"].shape[1] != act_dim:
-            raise ValueError(f"{path}: observation/action dims {data['observations'].shape[1]}/{data['actions'].shape[1]} "
-                             f"do not match {hp.env_id} ({obs_dim}/{act_dim})")
+            raise ValueError(
+                f"{path}: observation/action dims {data['observations'].shape[1]}/{data['actions'].shape[1]} "
+                f"do not match {hp.env_id} ({obs_dim}/{act_dim})"
+            )
         keep = np.ones(len(data["rewards"]), bool)
         if hp.num_demos is not None:
             keep &= data["episode"] < hp.num_demos
         if hp.subsampling_rate > 1:  # GAIL/DAC convention: every n-th transition of each demo from an offset
-            offset = (hp.subsampling_offset if hp.subsampling_offset is not None
-                      else int(np.random.default_rng(seed).integers(hp.subsampling_rate)))
+            offset = (
+                hp.subsampling_offset
+                if hp.subsampling_offset is not None
+                else int(np.random.default_rng(seed).integers(hp.subsampling_rate))
+            )
             first = np.r_[0, np.flatnonzero(np.diff(data["episode"])) + 1]
             pos = np.arange(len(keep)) - first[data["episode"]]
             keep &= (pos % hp.subsampling_rate) == offset
         if not keep.any():
-            raise ValueError(f"{path}: no transitions left after num_demos={hp.num_demos}, "
-                             f"subsampling_rate={hp.subsampling_rate}")
+            raise ValueError(
+                f"{path}: no transitions left after num_demos={hp.num_demos}, "
+                f"subsampling_rate={hp.subsampling_rate}"
+            )
         scale = self.obs_scale if self.obs_scale is not None else 1.0
         t = lambda k: torch.as_tensor(data[k][keep], dtype=torch.float32)  # noqa: E731
-        return {"obs": t("observations") / scale, "act": t("actions"), "rew": t("rewards") * self.reward_scale,
-                "next_obs": t("next_observations") / scale, "terminal": t("terminals"),
-                "episode": torch.as_tensor(data["episode"][keep])}
+        return {
+            "obs": t("observations") / scale,
+            "act": t("actions"),
+            "rew": t("rewards") * self.reward_scale,
+            "next_obs": t("next_observations") / scale,
+            "terminal": t("terminals"),
+            "episode": torch.as_tensor(data["episode"][keep]),
+        }
 
     @property
     def offline_size(self) -> int:
@@ -165,7 +199,11 @@ class RLDataModule(L.LightningDataModule):
     def state_dict(self) -> dict:
         if self.collector is None:
             return {}
-        return {"iteration": self.iteration, "collector": self.collector.state_dict(), "online": self.online.state_dict()}
+        return {
+            "iteration": self.iteration,
+            "collector": self.collector.state_dict(),
+            "online": self.online.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if not state:

@@ -1,4 +1,4 @@
-"""A character-level text corpus that needs no download, and its LightningDataModule.
+"""LightningDataModules over text: the local character-level corpus (``core.corpus``) and Hugging Face hub sets.
 
 The corpus is the docstrings of a fixed list of pure-Python stdlib modules. It is English
 prose with some code, big enough (a few hundred thousand characters) to pre-train and adapt
@@ -8,154 +8,12 @@ docstrings differ), so compare losses only between runs on the same Python.
 
 from __future__ import annotations
 
-import importlib
-import types
 from typing import Literal
 
 import lightning as L
-import numpy as np
 import torch
+from litlab.lit_modules.core.corpus import CharTokenizer, local_text_corpus
 from torch.utils.data import DataLoader, Dataset, Sampler
-
-# Pure-Python modules only: C modules have short or platform-dependent docstrings.
-# Sorted, and never reordered, so the corpus is stable within a Python version.
-CORPUS_MODULES = (
-    "argparse",
-    "ast",
-    "asyncio.events",
-    "asyncio.streams",
-    "asyncio.tasks",
-    "calendar",
-    "collections",
-    "configparser",
-    "contextlib",
-    "dataclasses",
-    "difflib",
-    "doctest",
-    "email.message",
-    "email.utils",
-    "enum",
-    "fractions",
-    "ftplib",
-    "functools",
-    "gettext",
-    "http.client",
-    "http.cookiejar",
-    "http.server",
-    "imaplib",
-    "inspect",
-    "ipaddress",
-    "logging",
-    "logging.handlers",
-    "mailbox",
-    "optparse",
-    "pathlib",
-    "pdb",
-    "pickletools",
-    "poplib",
-    "pprint",
-    "shutil",
-    "smtplib",
-    "statistics",
-    "string",
-    "subprocess",
-    "tarfile",
-    "tempfile",
-    "textwrap",
-    "threading",
-    "typing",
-    "unittest.case",
-    "unittest.mock",
-    "urllib.parse",
-    "urllib.request",
-    "uuid",
-    "zipfile",
-)
-
-_CORPUS_CACHE: dict[str, str] = {}
-
-
-def _normalise(doc: str) -> str:
-    lines = (" ".join(line.split()) for line in doc.splitlines())
-    return "\n".join(line for line in lines if line)
-
-
-def _module_docstrings(module: types.ModuleType) -> list[str]:
-    docs = [module.__doc__]
-    for name in sorted(vars(module)):
-        obj = vars(module)[name]
-        # Skip re-exports: their text belongs to (and may be collected with) another module.
-        if getattr(obj, "__module__", None) != module.__name__:
-            continue
-        if isinstance(obj, type):
-            docs.append(obj.__doc__)
-            for member_name in sorted(vars(obj)):
-                member = vars(obj)[member_name]
-                if isinstance(member, (staticmethod, classmethod)):
-                    member = member.__func__
-                if isinstance(member, (types.FunctionType, property)):
-                    docs.append(member.__doc__)
-        elif isinstance(obj, types.FunctionType):
-            docs.append(obj.__doc__)
-    return [doc for doc in docs if isinstance(doc, str)]
-
-
-def local_text_corpus(min_chars: int = 200_000) -> str:
-    """Docstrings of `CORPUS_MODULES`, whitespace-normalised, joined with blank lines.
-
-    Deterministic for a given Python minor version. Raises if fewer than `min_chars`
-    characters are found (e.g. under `python -OO`, which strips docstrings).
-    """
-    if "text" not in _CORPUS_CACHE:
-        seen: set[str] = set()
-        parts: list[str] = []
-        for module_name in CORPUS_MODULES:
-            for doc in _module_docstrings(importlib.import_module(module_name)):
-                text = _normalise(doc)
-                # Aliases share a docstring; repeating it would inflate the corpus.
-                if text and text not in seen:
-                    seen.add(text)
-                    parts.append(text)
-        _CORPUS_CACHE["text"] = "\n\n".join(parts)
-    text = _CORPUS_CACHE["text"]
-    if len(text) < min_chars:
-        raise RuntimeError(
-            f"local text corpus has {len(text)} characters, fewer than min_chars={min_chars}; "
-            "docstrings may be stripped (python -OO) or this Python's stdlib differs"
-        )
-    return text
-
-
-class CharTokenizer:
-    """Fixed character vocabulary: 0 = unknown, 1 = newline, then the 95 printable ASCII characters.
-
-    Independent of the corpus, so models trained on different splits share token ids.
-    """
-
-    unknown_id = 0
-    unknown_char = "\ufffd"
-
-    def __init__(self) -> None:
-        self.chars = [self.unknown_char, "\n"] + [chr(c) for c in range(32, 127)]
-        self._ascii_to_id = np.zeros(128, dtype=np.int64)
-        for i, ch in enumerate(self.chars[1:], start=1):
-            self._ascii_to_id[ord(ch)] = i
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.chars)
-
-    def encode(self, text: str) -> torch.Tensor:
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.int64)
-        codes[codes >= 128] = 0  # code point 0 (NUL) is not in the vocabulary either, so -> unknown
-        return torch.from_numpy(self._ascii_to_id[codes])
-
-    def decode(self, ids: torch.Tensor | list[int]) -> str:
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        bad = [i for i in ids if not 0 <= i < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        return "".join(self.chars[i] for i in ids)
 
 
 class _Windows(Dataset):
@@ -286,15 +144,24 @@ class HubTextDataModule(L.LightningDataModule):
     construction, before any model or process is started, saying what to get.
     """
 
-    def __init__(self, dataset: str = "allenai/c4", subset: str | None = "en", tokenizer: str = "gpt2",
-                 block_size: int = 1024, batch_size: int = 32, text_field: str = "text",
-                 val_split: str = "validation", val_batches: int = 50, num_workers: int = 1) -> None:
+    def __init__(
+        self,
+        dataset: str = "allenai/c4",
+        subset: str | None = "en",
+        tokenizer: str = "gpt2",
+        block_size: int = 1024,
+        batch_size: int = 32,
+        text_field: str = "text",
+        val_split: str = "validation",
+        val_batches: int = 50,
+        num_workers: int = 1,
+    ) -> None:
         super().__init__()
         if block_size <= 0 or batch_size <= 0:
             raise ValueError(f"block_size={block_size} and batch_size={batch_size} must be positive")
         self.save_hyperparameters()
-        from datamodules.commonsense import DatasetUnavailableError
-        from lit_modules.common.hf import (
+        from litlab.lit_modules.core.errors import DatasetUnavailableError
+        from litlab.lit_modules.core.hf import (
             download_instructions,
             hub_unreachable_reason,
             load_tokenizer,
@@ -304,14 +171,16 @@ class HubTextDataModule(L.LightningDataModule):
         try:
             import datasets  # noqa: F401
         except ImportError as err:
-            raise DatasetUnavailableError(f"data set {dataset!r} is streamed with the optional `datasets` package: "
-                                          "pip install datasets") from err
+            raise DatasetUnavailableError(
+                f"data set {dataset!r} is streamed with the optional `datasets` package: pip install datasets"
+            ) from err
         if offline_env_var() is None:
             reason = hub_unreachable_reason(dataset, "dataset")
             if reason is not None:
                 raise DatasetUnavailableError(
                     f"cannot stream data set {dataset!r}: {reason}. If it is in the `datasets` cache, set "
-                    f"HF_HUB_OFFLINE=1 to use that copy; otherwise:\n{download_instructions(dataset, 'dataset')}")
+                    f"HF_HUB_OFFLINE=1 to use that copy; otherwise:\n{download_instructions(dataset, 'dataset')}"
+                )
         self.tokenizer = load_tokenizer(tokenizer)  # ModelUnavailableError at once when it cannot be had
 
     def _stream(self, split: str):
@@ -321,18 +190,24 @@ class HubTextDataModule(L.LightningDataModule):
         hp = self.hparams
         stream = datasets.load_dataset(hp.dataset, hp.subset, split=split, streaming=True)
         if self.trainer is not None and self.trainer.world_size > 1:
-            stream = split_dataset_by_node(stream, rank=self.trainer.global_rank, world_size=self.trainer.world_size)
+            stream = split_dataset_by_node(
+                stream, rank=self.trainer.global_rank, world_size=self.trainer.world_size
+            )
         return _PackedWindows(stream, self.tokenizer, hp.text_field, hp.block_size)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self._stream("train"), batch_size=self.hparams.batch_size,
-                          num_workers=self.hparams.num_workers)
+        return DataLoader(
+            self._stream("train"), batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers
+        )
 
     def val_dataloader(self) -> DataLoader:
         import itertools
 
-        windows = list(itertools.islice(iter(self._stream(self.hparams.val_split)),
-                                        self.hparams.val_batches * self.hparams.batch_size))
+        windows = list(
+            itertools.islice(
+                iter(self._stream(self.hparams.val_split)), self.hparams.val_batches * self.hparams.batch_size
+            )
+        )
         return DataLoader(windows, batch_size=self.hparams.batch_size)
 
 
@@ -340,14 +215,21 @@ class _PackedWindows(torch.utils.data.IterableDataset):
     """Documents joined with the EOS token and cut into ``block_size + 1`` windows."""
 
     def __init__(self, stream, tokenizer, text_field: str, block_size: int) -> None:
-        self.stream, self.tokenizer, self.text_field, self.block_size = stream, tokenizer, text_field, block_size
+        self.stream, self.tokenizer, self.text_field, self.block_size = (
+            stream,
+            tokenizer,
+            text_field,
+            block_size,
+        )
 
     def __iter__(self):
         buffer: list[int] = []
         eos = self.tokenizer.eos_token_id
         for record in self.stream:
-            buffer += self.tokenizer(record[self.text_field])["input_ids"] + ([eos] if eos is not None else [])
+            buffer += self.tokenizer(record[self.text_field])["input_ids"] + (
+                [eos] if eos is not None else []
+            )
             while len(buffer) > self.block_size:
                 window = torch.tensor(buffer[: self.block_size + 1])
-                buffer = buffer[self.block_size:]
+                buffer = buffer[self.block_size :]
                 yield {"input_ids": window[:-1], "labels": window[1:]}

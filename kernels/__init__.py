@@ -1,5 +1,5 @@
 """Shared Triton kernels with their PyTorch references (`shared/methods/_kernels.md`).
 
 a ``block_sparse_attention`` · b ``block_select`` · c1 ``lowrank`` · c2 ``lora_linear`` · dispatch rules in
-``dispatch`` · GPU benchmark ``python -m kernels.bench``.
+``dispatch`` · GPU benchmark ``litlab bench kernels``.
 """

@@ -14,8 +14,7 @@ import math
 import torch
 import triton
 import triton.language as tl
-
-from kernels.dispatch import alloc, interpreting, lazy_jit, use_triton
+from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, use_triton
 
 
 def smooth_quantize(q, k, bits: int = 4):
@@ -49,16 +48,32 @@ def reserved_blocks(qb: int, n_tokens: int, block_q: int, block_k: int, local_bl
     return n_max, n_loc, range(1, n - n_loc + 1)
 
 
-def block_select_reference(q, k_s, qi, ki, sq, sk, c, tau, block_q=64, block_k=32, local_blocks=4, seg_blocks=4,
-                           sm_scale=None, return_margin=False):
+def block_select_reference(
+    q,
+    k_s,
+    qi,
+    ki,
+    sq,
+    sk,
+    c,
+    tau,
+    block_q=64,
+    block_k=32,
+    local_blocks=4,
+    seg_blocks=4,
+    sm_scale=None,
+    return_margin=False,
+):
     """PyTorch §3.3, vectorised over heads and key blocks, one loop step per query block; same inputs as the
     kernel. ``margin[b,h,qb,kb] = max(est - T)`` over the block's causal entries (raw-logit units, NaN where not
     a middle block); a middle block is selected iff ``margin > 0``. Memory O(H * block_q * N) per step."""
     B, H, N, d = q.shape
     g = H // k_s.shape[1]
-    scale = sm_scale or d ** -0.5
+    scale = sm_scale or d**-0.5
     kf = k_s.float().repeat_interleave(g, 1)
-    qa = torch.cat([qi.float() * sq[..., None], torch.ones_like(sq)[..., None]], -1)  # dequantised codes, augmented
+    qa = torch.cat(
+        [qi.float() * sq[..., None], torch.ones_like(sq)[..., None]], -1
+    )  # dequantised codes, augmented
     ka = torch.cat([(ki.float() * sk[..., None]).repeat_interleave(g, 1), c[..., None].float()], -1)
     n_qb, n_kb = math.ceil(N / block_q), math.ceil(N / block_k)
     tau = torch.as_tensor(tau, dtype=torch.float32, device=q.device).expand(H)
@@ -71,8 +86,12 @@ def block_select_reference(q, k_s, qi, ki, sq, sk, c, tau, block_q=64, block_k=3
         n_max, n_loc, middle = reserved_blocks(qb, N, block_q, block_k, local_blocks, seg_blocks)
         rows = torch.arange(r0, r1, device=q.device)[:, None]
         causal = pos[None, :N] <= rows  # [rows, N]
-        res_cols = torch.cat([pos[:min(block_k, N)], pos[(n_max - n_loc) * block_k:min(n_max * block_k, N)]])
-        z = (q[:, :, r0:r1].float() @ kf[:, :, res_cols].transpose(-1, -2)) * scale  # exact logits, reserved only
+        res_cols = torch.cat(
+            [pos[: min(block_k, N)], pos[(n_max - n_loc) * block_k : min(n_max * block_k, N)]]
+        )
+        z = (
+            q[:, :, r0:r1].float() @ kf[:, :, res_cols].transpose(-1, -2)
+        ) * scale  # exact logits, reserved only
         z = z.masked_fill(res_cols[None, :] > rows, float("-inf"))
         m = z.amax(-1)
         thr = (m + torch.log(tau)[None, :, None] + torch.log(torch.exp(z - m[..., None]).sum(-1))) / scale
@@ -80,7 +99,7 @@ def block_select_reference(q, k_s, qi, ki, sq, sk, c, tau, block_q=64, block_k=3
         blk[n_max:] = False
         res_blk = torch.zeros_like(blk)
         res_blk[0] = True
-        res_blk[n_max - n_loc:n_max] = True
+        res_blk[n_max - n_loc : n_max] = True
         mask[:, :, qb] = torch.where(dense_head, blk, res_blk).to(torch.uint8)
         if len(middle) == 0:
             continue
@@ -93,17 +112,47 @@ def block_select_reference(q, k_s, qi, ki, sq, sk, c, tau, block_q=64, block_k=3
             est = est.masked_fill(~causal[:, cols], float("-inf"))
         row_max = est.unflatten(-1, (len(middle), block_k)).amax(-1)  # [B, H, rows, n_middle]
         mg = (row_max - thr[..., None]).amax(-2)  # [B, H, n_middle]
-        margin[:, :, qb, 1:middle.stop] = mg
-        mask[:, :, qb, 1:middle.stop] = torch.where(dense_head, True, mg > 0).to(torch.uint8)
+        margin[:, :, qb, 1 : middle.stop] = mg
+        mask[:, :, qb, 1 : middle.stop] = torch.where(dense_head, True, mg > 0).to(torch.uint8)
     return (mask, margin) if return_margin else mask
 
 
-def _quant_block_select(Q, KS, QI, KI, SQ, SK, C, TAU, MASK,
-                        s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_qib, s_qih, s_qim, s_kib, s_kih, s_kin,
-                        H, G, N, N_QB, N_KB, sm_scale,
-                        HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                        LOCAL_BLOCKS: tl.constexpr, SEG_BLOCKS: tl.constexpr, KB_POW2: tl.constexpr,
-                        UPCAST: tl.constexpr):
+def _quant_block_select(
+    Q,
+    KS,
+    QI,
+    KI,
+    SQ,
+    SK,
+    C,
+    TAU,
+    MASK,
+    s_qb,
+    s_qh,
+    s_qm,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_qib,
+    s_qih,
+    s_qim,
+    s_kib,
+    s_kih,
+    s_kin,
+    H,
+    G,
+    N,
+    N_QB,
+    N_KB,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    LOCAL_BLOCKS: tl.constexpr,
+    SEG_BLOCKS: tl.constexpr,
+    KB_POW2: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     qb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -131,7 +180,9 @@ def _quant_block_select(Q, KS, QI, KI, SQ, SK, C, TAU, MASK,
     # write-after-write between threads of one program, which a GPU does not order without a barrier)
     tl.store(out + kbs, reserved.to(tl.uint8), mask=(kbs < N_KB) & ~middle)
     # (2) exact logits on reserved tiles -> row max m_i and sum l_i (natural units)
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q = tl.load(
+        Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0
+    )
     if UPCAST:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
@@ -139,8 +190,11 @@ def _quant_block_select(Q, KS, QI, KI, SQ, SK, C, TAU, MASK,
     for j in range(0, n_loc + 1):
         kb = tl.where(j == 0, 0, n_max - n_loc + j - 1)
         offs_n = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        k = tl.load(KS + b * s_kb + hk * s_kh + offs_n[:, None] * s_kn + offs_d[None, :], mask=offs_n[:, None] < N,
-                    other=0.0)
+        k = tl.load(
+            KS + b * s_kb + hk * s_kh + offs_n[:, None] * s_kn + offs_d[None, :],
+            mask=offs_n[:, None] < N,
+            other=0.0,
+        )
         if UPCAST:
             k = k.to(tl.float32)
         z = tl.dot(q, tl.trans(k)) * sm_scale
@@ -153,34 +207,54 @@ def _quant_block_select(Q, KS, QI, KI, SQ, SK, C, TAU, MASK,
     thr = (m_i + tl.log(tau * l_i)) / sm_scale
     thr = tl.where(row_ok, thr, float("inf"))
     # (4) middle blocks: integer dot product, dequantise, compare the block's best entry with T_i
-    qi = tl.load(QI + b * s_qib + h * s_qih + offs_m[:, None] * s_qim + offs_d[None, :], mask=row_ok[:, None],
-                 other=0)
+    qi = tl.load(
+        QI + b * s_qib + h * s_qih + offs_m[:, None] * s_qim + offs_d[None, :], mask=row_ok[:, None], other=0
+    )
     sq = tl.load(SQ + bh * N + offs_m, mask=row_ok, other=0.0)
     for kb in range(1, n_mid_end):
         offs_n = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        ki = tl.load(KI + b * s_kib + hk * s_kih + offs_n[:, None] * s_kin + offs_d[None, :],
-                     mask=offs_n[:, None] < N, other=0)
+        ki = tl.load(
+            KI + b * s_kib + hk * s_kih + offs_n[:, None] * s_kin + offs_d[None, :],
+            mask=offs_n[:, None] < N,
+            other=0,
+        )
         acc = tl.dot(qi, tl.trans(ki), out_dtype=tl.int32)
         sk = tl.load(SK + (b * (H // G) + hk) * N + offs_n, mask=offs_n < N, other=0.0)
         cc = tl.load(C + bh * N + offs_n, mask=offs_n < N, other=0.0)
         est = acc.to(tl.float32) * sq[:, None] * sk[None, :] + cc[None, :]
-        diff = tl.where((offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < N), est - thr[:, None],
-                        float("-inf"))
+        diff = tl.where(
+            (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < N), est - thr[:, None], float("-inf")
+        )
         hit = tl.max(tl.max(diff, 1), 0) > 0
         tl.store(out + kb, hit.to(tl.uint8))
 
 
 @torch.no_grad()
-def quant_qk_block_select(q, k_s, qi, ki, sq, sk, c, tau, block_q=64, block_k=32, local_blocks=4, seg_blocks=4,
-                          sm_scale=None, impl: str = "auto"):
+def quant_qk_block_select(
+    q,
+    k_s,
+    qi,
+    ki,
+    sq,
+    sk,
+    c,
+    tau,
+    block_q=64,
+    block_k=32,
+    local_blocks=4,
+    seg_blocks=4,
+    sm_scale=None,
+    impl: str = "auto",
+):
     """Block mask uint8 [B,H,ceil(N/block_q),ceil(N/block_k)] from `smooth_quantize` outputs (prefill: M = N)."""
     B, H, N, d = q.shape
     if k_s.shape[2] != N:
         raise ValueError(f"selection is for prefill (M == N); got q {tuple(q.shape)}, k {tuple(k_s.shape)}")
     tau = torch.as_tensor(tau, dtype=torch.float32, device=q.device).expand(H).contiguous()
     if not use_triton(impl, q, k_s):
-        return block_select_reference(q, k_s, qi, ki, sq, sk, c, tau, block_q, block_k, local_blocks, seg_blocks,
-                                      sm_scale)
+        return block_select_reference(
+            q, k_s, qi, ki, sq, sk, c, tau, block_q, block_k, local_blocks, seg_blocks, sm_scale
+        )
     if qi.dtype != torch.int8:
         raise ValueError(f"the kernel takes int8 codes (bits <= 8), got {qi.dtype}")
     q, k_s, qi, ki = (t.contiguous() for t in (q, k_s, qi, ki))
@@ -188,9 +262,32 @@ def quant_qk_block_select(q, k_s, qi, ki, sq, sk, c, tau, block_q=64, block_k=32
     n_qb, n_kb = math.ceil(N / block_q), math.ceil(N / block_k)
     mask = alloc((B, H, n_qb, n_kb), torch.uint8, q.device)
     kernel = lazy_jit(_quant_block_select)
-    kernel[(n_qb, B * H)](q, k_s, qi, ki, sq, sk, c, tau, mask, *q.stride()[:3], *k_s.stride()[:3],
-                          *qi.stride()[:3], *ki.stride()[:3], H, H // k_s.shape[1], N, n_qb, n_kb,
-                          sm_scale or d ** -0.5, HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k,
-                          LOCAL_BLOCKS=local_blocks, SEG_BLOCKS=seg_blocks, KB_POW2=triton.next_power_of_2(n_kb),
-                          UPCAST=interpreting() and q.dtype == torch.bfloat16)
+    kernel[(n_qb, B * H)](
+        q,
+        k_s,
+        qi,
+        ki,
+        sq,
+        sk,
+        c,
+        tau,
+        mask,
+        *q.stride()[:3],
+        *k_s.stride()[:3],
+        *qi.stride()[:3],
+        *ki.stride()[:3],
+        H,
+        H // k_s.shape[1],
+        N,
+        n_qb,
+        n_kb,
+        sm_scale or d**-0.5,
+        HEAD_DIM=d,
+        BLOCK_Q=block_q,
+        BLOCK_K=block_k,
+        LOCAL_BLOCKS=local_blocks,
+        SEG_BLOCKS=seg_blocks,
+        KB_POW2=triton.next_power_of_2(n_kb),
+        UPCAST=interpreting() and q.dtype == torch.bfloat16,
+    )
     return mask

@@ -15,17 +15,45 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-
-from kernels.dispatch import alloc, interpreting, lazy_jit, use_triton
+from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, use_triton
 
 LOG2E = 1.4426950408889634
 
 
-def _block_sparse_attn_fwd(Q, K, V, O, LSE, CNT, IDX,
-                           s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_om,
-                           H, G, M, N, N_QB, N_KB, qk_scale_log2,
-                           HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-                           CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr, UPCAST: tl.constexpr):
+def _block_sparse_attn_fwd(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    CNT,
+    IDX,
+    s_qb,
+    s_qh,
+    s_qm,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_vb,
+    s_vh,
+    s_vn,
+    s_ob,
+    s_oh,
+    s_om,
+    H,
+    G,
+    M,
+    N,
+    N_QB,
+    N_KB,
+    qk_scale_log2,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
     qb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -33,8 +61,11 @@ def _block_sparse_attn_fwd(Q, K, V, O, LSE, CNT, IDX,
     hk = h // G  # GQA: query head h reads KV head h // (H / H_kv)
     offs_m = qb * BLOCK_Q + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qm + offs_d[None, :], mask=offs_m[:, None] < M,
-                other=0.0)
+    q = tl.load(
+        Q + b * s_qb + h * s_qh + offs_m[:, None] * s_qm + offs_d[None, :],
+        mask=offs_m[:, None] < M,
+        other=0.0,
+    )
     if UPCAST:  # the interpreter's tl.dot is wrong on bf16 (`_kernels.md` §0 rule 2)
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
@@ -45,10 +76,16 @@ def _block_sparse_attn_fwd(Q, K, V, O, LSE, CNT, IDX,
     for i in range(0, cnt):
         kb = tl.load(IDX + lut * N_KB + i)
         offs_n = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        k = tl.load(K + b * s_kb + hk * s_kh + offs_n[:, None] * s_kn + offs_d[None, :], mask=offs_n[:, None] < N,
-                    other=0.0)
-        v = tl.load(V + b * s_vb + hk * s_vh + offs_n[:, None] * s_vn + offs_d[None, :], mask=offs_n[:, None] < N,
-                    other=0.0)
+        k = tl.load(
+            K + b * s_kb + hk * s_kh + offs_n[:, None] * s_kn + offs_d[None, :],
+            mask=offs_n[:, None] < N,
+            other=0.0,
+        )
+        v = tl.load(
+            V + b * s_vb + hk * s_vh + offs_n[:, None] * s_vn + offs_d[None, :],
+            mask=offs_n[:, None] < N,
+            other=0.0,
+        )
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -65,8 +102,11 @@ def _block_sparse_attn_fwd(Q, K, V, O, LSE, CNT, IDX,
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(O + b * s_ob + h * s_oh + offs_m[:, None] * s_om + offs_d[None, :], out.to(O.dtype.element_ty),
-             mask=offs_m[:, None] < M)
+    tl.store(
+        O + b * s_ob + h * s_oh + offs_m[:, None] * s_om + offs_d[None, :],
+        out.to(O.dtype.element_ty),
+        mask=offs_m[:, None] < M,
+    )
     if RETURN_LSE:
         lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
         tl.store(LSE + bh * M + offs_m, lse, mask=offs_m < M)
@@ -77,18 +117,25 @@ _AUTOTUNE = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s 
 
 def _check(q, k, v, block_mask, block_q, block_k):
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
-        raise ValueError(f"q [B,H,M,d], k/v [B,H_kv,N,d] expected; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                         f"v {tuple(v.shape)}")
+        raise ValueError(
+            f"q [B,H,M,d], k/v [B,H_kv,N,d] expected; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}"
+        )
     B, H, M, d = q.shape
     if H % k.shape[1] or M > k.shape[2] or d != k.shape[3]:
-        raise ValueError(f"need H % H_kv == 0, M <= N and equal head dims; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+        raise ValueError(
+            f"need H % H_kv == 0, M <= N and equal head dims; got q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
     want = (B, H, math.ceil(M / block_q), math.ceil(k.shape[2] / block_k))
     if tuple(block_mask.shape) != want:
-        raise ValueError(f"block_mask shape {tuple(block_mask.shape)} != {want} for blocks {block_q}x{block_k}")
+        raise ValueError(
+            f"block_mask shape {tuple(block_mask.shape)} != {want} for blocks {block_q}x{block_k}"
+        )
 
 
-def block_sparse_attention_reference(q, k, v, block_mask, block_q=64, block_k=32, causal=True, sm_scale=None,
-                                     return_lse=False):
+def block_sparse_attention_reference(
+    q, k, v, block_mask, block_q=64, block_k=32, causal=True, sm_scale=None, return_lse=False
+):
     """Dense fp32 attention with the block mask expanded to elements (`_kernels.md` §a reference)."""
     g = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(g, 1).float()
@@ -96,7 +143,9 @@ def block_sparse_attention_reference(q, k, v, block_mask, block_q=64, block_k=32
     M, N = q.shape[2], k.shape[2]
     allow = block_mask.bool().repeat_interleave(block_q, 2).repeat_interleave(block_k, 3)[..., :M, :N]
     if causal:
-        allow = allow & (torch.arange(N, device=q.device)[None, :] <= torch.arange(M, device=q.device)[:, None] + N - M)
+        allow = allow & (
+            torch.arange(N, device=q.device)[None, :] <= torch.arange(M, device=q.device)[:, None] + N - M
+        )
     s = (q.float() @ k.transpose(-1, -2)) * (sm_scale or q.shape[-1] ** -0.5)
     s = s.masked_fill(~allow, float("-inf"))
     o = (torch.softmax(s, -1).nan_to_num(0.0) @ v).to(q.dtype)
@@ -104,12 +153,24 @@ def block_sparse_attention_reference(q, k, v, block_mask, block_q=64, block_k=32
 
 
 @torch.no_grad()
-def block_sparse_attention(q, k, v, block_mask, block_q: int = 64, block_k: int = 32, causal: bool = True,
-                           sm_scale: float | None = None, return_lse: bool = False, impl: str = "auto"):
+def block_sparse_attention(
+    q,
+    k,
+    v,
+    block_mask,
+    block_q: int = 64,
+    block_k: int = 32,
+    causal: bool = True,
+    sm_scale: float | None = None,
+    return_lse: bool = False,
+    impl: str = "auto",
+):
     """o [B,H,M,d] (and lse [B,H,M] fp32) of attention restricted to the allowed blocks (see module doc)."""
     _check(q, k, v, block_mask, block_q, block_k)
     if not use_triton(impl, q, k, v):
-        return block_sparse_attention_reference(q, k, v, block_mask, block_q, block_k, causal, sm_scale, return_lse)
+        return block_sparse_attention_reference(
+            q, k, v, block_mask, block_q, block_k, causal, sm_scale, return_lse
+        )
     B, H, M, d = q.shape
     N = k.shape[2]
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -121,11 +182,33 @@ def block_sparse_attention(q, k, v, block_mask, block_q: int = 64, block_k: int 
     o = alloc(q.shape, q.dtype, q.device)
     lse = alloc((B, H, M), torch.float32, q.device) if return_lse else o
     kernel = lazy_jit(_block_sparse_attn_fwd, _AUTOTUNE, key=["HEAD_DIM", "BLOCK_Q", "BLOCK_K"])
-    scale = sm_scale or d ** -0.5
-    kernel[(n_qb, B * H)](q, k, v, o, lse, cnt, idx, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                          *o.stride()[:3], H, H // k.shape[1], M, N, n_qb, n_kb, scale * LOG2E,
-                          HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, CAUSAL=causal, RETURN_LSE=return_lse,
-                          UPCAST=interpreting())
+    scale = sm_scale or d**-0.5
+    kernel[(n_qb, B * H)](
+        q,
+        k,
+        v,
+        o,
+        lse,
+        cnt,
+        idx,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *o.stride()[:3],
+        H,
+        H // k.shape[1],
+        M,
+        N,
+        n_qb,
+        n_kb,
+        scale * LOG2E,
+        HEAD_DIM=d,
+        BLOCK_Q=block_q,
+        BLOCK_K=block_k,
+        CAUSAL=causal,
+        RETURN_LSE=return_lse,
+        UPCAST=interpreting(),
+    )
     return (o, lse) if return_lse else o
 
 
@@ -152,7 +235,7 @@ def block_sparse_attention_gathered(q, k, v, block_mask, block_q=64, block_k=32,
     pad = n_kb * block_k - N
     kb_ = torch.nn.functional.pad(k, (0, 0, 0, pad)).unflatten(2, (n_kb, block_k))
     vb_ = torch.nn.functional.pad(v, (0, 0, 0, pad)).unflatten(2, (n_kb, block_k))
-    scale = sm_scale or d ** -0.5
+    scale = sm_scale or d**-0.5
     out = torch.empty_like(q)
     mask = block_mask.bool()
     for qb in range(mask.shape[2]):
@@ -165,7 +248,9 @@ def block_sparse_attention_gathered(q, k, v, block_mask, block_q=64, block_k=32,
         kk = torch.gather(kb_, 2, gi).flatten(2, 3)
         vv = torch.gather(vb_, 2, gi).flatten(2, 3)
         pos = (idx[..., None] * block_k + torch.arange(block_k)).flatten(-2)  # [B, H, cnt*bk]
-        allow = valid.repeat_interleave(block_k, -1)[..., None, :] & (pos[..., None, :] <= torch.arange(r0, r1)[:, None])
+        allow = valid.repeat_interleave(block_k, -1)[..., None, :] & (
+            pos[..., None, :] <= torch.arange(r0, r1)[:, None]
+        )
         s = (q[:, :, r0:r1] @ kk.transpose(-1, -2)) * scale
         p = torch.softmax(s.masked_fill(~allow, float("-inf")), -1).nan_to_num(0.0)
         out[:, :, r0:r1] = p @ vv

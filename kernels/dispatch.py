@@ -32,7 +32,9 @@ def use_triton(impl: str, *tensors: torch.Tensor) -> bool:
     if impl == "auto":
         return on_cuda
     if not on_cuda and not interpreting():
-        raise RuntimeError("impl='triton' on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1")
+        raise RuntimeError(
+            "impl='triton' on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1"
+        )
     return True
 
 
@@ -51,7 +53,6 @@ def lazy_jit(fn: Callable, autotune_configs: list | None = None, key: list[str] 
             kernel = triton.autotune(autotune_configs, key=key or [])(kernel)
         _jitted[(fn, mode)] = kernel
     return _jitted[(fn, mode)]
-
 
 
 # Tests set this: every kernel output starts as NaN (floats) or 0xFF (integers), so an element the kernel

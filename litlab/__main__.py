@@ -13,6 +13,7 @@ TOOLS = {
     "slurm": "litlab.slurm",  # write/submit an sbatch script for `litlab fit`
     "sweep": "litlab.sweep",  # run a wandb sweep file locally, without a wandb server
     "data": "litlab.data",  # build data sets locally (e.g. D4RL-layout HDF5)
+    "bench": "litlab.bench",  # timings: litlab bench <name> (the modules of benchmarks/)
 }
 
 

@@ -14,7 +14,7 @@ maintainers measured (``recorded:``). Example::
       lora: {config: configs/lokra/quick.yaml, overrides: {model.init_args.mode: lora}}
       lokra_plus: {config: configs/lokra/quick.yaml, overrides: {model.init_args.mode: lokra_plus}}
     expectation: lokra_plus < lora - 0.05
-    report_hook: lit_modules.lokra:report   # optional: extra figures / derived numbers for the report
+    report_hook: litlab.lit_modules.peft.lokra:report   # optional: extra figures / derived numbers for the report
     recorded: {...}
 
 Expectations are boolean expressions over run names (each stands for the run's mean over seeds), numbers,
@@ -32,12 +32,10 @@ from typing import Any, Literal
 
 import yaml
 
+from litlab.lit_modules.core.errors import CardError
+
 Scale = Literal["quick", "full"]
 SCALES: tuple[str, ...] = ("quick", "full")
-
-
-class CardError(ValueError):
-    """A reproduction card that does not follow the schema; the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +82,18 @@ class Card:
 
 
 _RUN_KEYS = {f.name for f in dataclasses.fields(RunSpec)} - {"name"}
-_CARD_KEYS = {"title", "venue", "claim", "metric", "runs", "expectation", "scales", "recorded", "paper_numbers",
-              "report_hook"}
+_CARD_KEYS = {
+    "title",
+    "venue",
+    "claim",
+    "metric",
+    "runs",
+    "expectation",
+    "scales",
+    "recorded",
+    "paper_numbers",
+    "report_hook",
+}
 
 
 def load_card(path: str | Path) -> Card:
@@ -109,7 +117,9 @@ def load_card(path: str | Path) -> Card:
 
     metric_raw = raw["metric"]
     if not isinstance(metric_raw, dict) or "name" not in metric_raw:
-        raise CardError(f"{where}: 'metric' must be a mapping with 'name' (and 'mode': min|max), got {metric_raw!r}")
+        raise CardError(
+            f"{where}: 'metric' must be a mapping with 'name' (and 'mode': min|max), got {metric_raw!r}"
+        )
     if metric_raw.get("mode", "min") not in ("min", "max"):
         raise CardError(f"{where}: metric.mode must be 'min' or 'max', got {metric_raw.get('mode')!r}")
     metric = Metric(str(metric_raw["name"]), metric_raw.get("mode", "min"))
@@ -119,19 +129,29 @@ def load_card(path: str | Path) -> Card:
     runs = {}
     for name, spec in raw["runs"].items():
         if not str(name).isidentifier():
-            raise CardError(f"{where}: run name {name!r} must be an identifier (it is used in the expectation)")
+            raise CardError(
+                f"{where}: run name {name!r} must be an identifier (it is used in the expectation)"
+            )
         if not isinstance(spec, dict) or "config" not in spec:
             raise CardError(f"{where}: runs.{name} needs a 'config' path")
         bad = set(spec) - _RUN_KEYS
         if bad:
-            raise CardError(f"{where}: runs.{name} has unknown keys {sorted(bad)}; allowed: {sorted(_RUN_KEYS)}")
+            raise CardError(
+                f"{where}: runs.{name} has unknown keys {sorted(bad)}; allowed: {sorted(_RUN_KEYS)}"
+            )
         scales = tuple(spec.get("scales", SCALES))
         if set(scales) - set(SCALES):
             raise CardError(f"{where}: runs.{name}.scales must be among {SCALES}, got {scales}")
-        runs[name] = RunSpec(name=name, config=str(spec["config"]), overrides=dict(spec.get("overrides") or {}),
-                             scale_overrides=dict(spec.get("scale_overrides") or {}), metric=spec.get("metric"),
-                             scales=scales, description=str(spec.get("description", "")),
-                             optional=bool(spec.get("optional", False)))
+        runs[name] = RunSpec(
+            name=name,
+            config=str(spec["config"]),
+            overrides=dict(spec.get("overrides") or {}),
+            scale_overrides=dict(spec.get("scale_overrides") or {}),
+            metric=spec.get("metric"),
+            scales=scales,
+            description=str(spec.get("description", "")),
+            optional=bool(spec.get("optional", False)),
+        )
 
     expectation = raw["expectation"]
     expectation = {s: expectation for s in SCALES} if isinstance(expectation, str) else dict(expectation)
@@ -141,25 +161,45 @@ def load_card(path: str | Path) -> Card:
         known = {n for n, r in runs.items() if scale in r.scales}
         missing = expression_names(expr) - known
         if missing:
-            raise CardError(f"{where}: expectation[{scale}] names unknown runs {sorted(missing)}; runs: {sorted(known)}")
+            raise CardError(
+                f"{where}: expectation[{scale}] names unknown runs {sorted(missing)}; runs: {sorted(known)}"
+            )
 
     hook = str(raw.get("report_hook") or "")
     if hook and (hook.count(":") != 1 or not all(part.strip() for part in hook.split(":"))):
         raise CardError(f"{where}: report_hook must be 'package.module:function', got {hook!r}")
 
     scales_raw = raw.get("scales") or {}
-    seeds = {s: tuple(int(x) for x in (scales_raw.get(s) or {}).get("seeds", [0, 1, 2] if s == "quick" else [0]))
-             for s in SCALES}
-    return Card(slug=path.stem, title=str(raw["title"]), venue=str(raw.get("venue", "")), claim=str(raw["claim"]),
-                metric=metric, runs=runs, expectation=expectation, seeds=seeds,
-                recorded=dict(raw.get("recorded") or {}), paper_numbers=str(raw.get("paper_numbers", "")),
-                report_hook=hook, path=path)
+    seeds = {
+        s: tuple(int(x) for x in (scales_raw.get(s) or {}).get("seeds", [0, 1, 2] if s == "quick" else [0]))
+        for s in SCALES
+    }
+    return Card(
+        slug=path.stem,
+        title=str(raw["title"]),
+        venue=str(raw.get("venue", "")),
+        claim=str(raw["claim"]),
+        metric=metric,
+        runs=runs,
+        expectation=expectation,
+        seeds=seeds,
+        recorded=dict(raw.get("recorded") or {}),
+        paper_numbers=str(raw.get("paper_numbers", "")),
+        report_hook=hook,
+        path=path,
+    )
 
 
 # ---- the expectation language -------------------------------------------------------------------
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_CMPOPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
-           ast.Eq: operator.eq, ast.NotEq: operator.ne}
+_CMPOPS = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
 _FUNCS = {"abs": abs, "min": min, "max": max}
 
 

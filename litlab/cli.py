@@ -1,14 +1,14 @@
 """``litlab fit|validate|test|predict``: LightningCLI in subclass mode, plus the defaults every run gets.
 
 Any LightningModule under ``lit_modules`` and any DataModule under ``datamodules`` can be named by class path
-(``model.class_path: lit_modules.lokra.LoKRAMatrixApprox``) or, once imported here, by class name.
+(``model.class_path: litlab.lit_modules.peft.lokra.LoKRAMatrixApprox``) or, once imported here, by class name.
 Every run, unless its config says otherwise, gets:
 
 * ``seed_everything: 0`` (set it in the config; it is part of the run's identity);
 * a WandbLogger (offline unless the user is logged in; ``WANDB_MODE=disabled`` drops it) and a CSVLogger;
 * RichProgressBar, LearningRateMonitor, and a ModelCheckpoint that keeps ``last.ckpt``;
-* ``summary.json`` with the final metrics (``callbacks.run_summary.RunSummary``);
-* ``adapters.safetensors``, the adapters alone, when the model has any (``callbacks.save_adapters.SaveAdapters``);
+* ``summary.json`` with the final metrics (``litlab.callbacks.run_summary.RunSummary``);
+* ``adapters.safetensors``, the adapters alone, when the model has any (``litlab.callbacks.save_adapters.SaveAdapters``);
 * checkpoints loaded with ``weights_only=True`` and a clear error for a truncated file;
 * a folder ``runs/<experiment>/<run-id>/`` where ``run-id = <config hash>-s<seed>``, so relaunching the same
   config with ``--ckpt_path last`` resumes the interrupted attempt.
@@ -34,19 +34,19 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-import datamodules
-import lit_modules
-from callbacks.run_summary import RunSummary
-from callbacks.save_adapters import SaveAdapters
-from lit_modules.common.hf import unavailable_cause
+import litlab.datamodules
+import litlab.lit_modules
+from litlab.callbacks.run_summary import RunSummary
+from litlab.callbacks.save_adapters import SaveAdapters
+from litlab.lit_modules.core.errors import unavailable_cause
 from litlab.runs import SafeCheckpointIO, default_run_id, wandb_mode
 
 
 def import_method_modules() -> None:
     """Import every module of ``lit_modules`` and ``datamodules`` so classes can be named by short name too."""
-    for package in (lit_modules, datamodules):
-        for info in pkgutil.iter_modules(package.__path__):
-            importlib.import_module(f"{package.__name__}.{info.name}")
+    for package in (litlab.lit_modules, litlab.datamodules):
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+            importlib.import_module(info.name)
 
 
 class RunAlreadyFinished(Exception):
@@ -72,16 +72,26 @@ class LitlabCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument("--experiment", type=str | None, default=None,
-                            help="Run group: runs/<experiment>/. Default: the config file's folder name "
-                                 "(configs/lokra/quick.yaml -> lokra), else the model class name.")
-        parser.add_argument("--run_id", type=str | None, default=None,
-                            help="Run folder name. Default: <config hash>-s<seed>, so a relaunch resumes.")
+        parser.add_argument(
+            "--experiment",
+            type=str | None,
+            default=None,
+            help="Run group: runs/<experiment>/. Default: the config file's folder name "
+            "(configs/lokra/quick.yaml -> lokra), else the model class name.",
+        )
+        parser.add_argument(
+            "--run_id",
+            type=str | None,
+            default=None,
+            help="Run folder name. Default: <config hash>-s<seed>, so a relaunch resumes.",
+        )
         parser.add_argument("--runs_dir", type=str, default="runs", help="Root folder of all runs.")
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI reads a given checkpoint's hyper-parameters before anything else: check it first."""
-        ckpt_path = self.config[self.config.subcommand].get("ckpt_path") if self.config.get("subcommand") else None
+        ckpt_path = (
+            self.config[self.config.subcommand].get("ckpt_path") if self.config.get("subcommand") else None
+        )
         if ckpt_path and Path(ckpt_path).is_file():
             SafeCheckpointIO().load_checkpoint(ckpt_path, map_location="cpu")  # clear error when truncated
         super()._parse_ckpt_path()
@@ -121,7 +131,9 @@ class LitlabCLI(LightningCLI):
         assert self.run_dir is not None
         trainer_cfg = self._get(self.config_init, "trainer", default={})
         user_callbacks = list(trainer_cfg.get("callbacks") or [])
-        user_callbacks += [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
+        user_callbacks += [
+            self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys
+        ]
         run_dir, run_id = self.run_dir, self.run_dir.name
         experiment = run_dir.parent.name
 
@@ -133,20 +145,43 @@ class LitlabCLI(LightningCLI):
             mode = wandb_mode()
             if mode != "disabled":
                 run_dir.mkdir(parents=True, exist_ok=True)
-                loggers.insert(0, WandbLogger(project="litlab", group=experiment, name=f"{experiment}/{run_id}",
-                                              id=re.sub(r"[^A-Za-z0-9_-]", "-", f"{experiment}-{run_id}")[-64:],
-                                              save_dir=str(run_dir), offline=(mode != "online"), resume="allow"))
+                loggers.insert(
+                    0,
+                    WandbLogger(
+                        project="litlab",
+                        group=experiment,
+                        name=f"{experiment}/{run_id}",
+                        id=re.sub(r"[^A-Za-z0-9_-]", "-", f"{experiment}-{run_id}")[-64:],
+                        save_dir=str(run_dir),
+                        offline=(mode != "online"),
+                        resume="allow",
+                    ),
+                )
             kwargs["logger"] = loggers
         if not trainer_cfg.get("plugins"):
             kwargs["plugins"] = [SafeCheckpointIO()]
 
-        defaults: list[Callback] = [RunSummary(run_dir, {"run_id": run_id, "experiment": experiment,
-                                                          "seed": self._get(self.config, "seed_everything")})]
+        defaults: list[Callback] = [
+            RunSummary(
+                run_dir,
+                {
+                    "run_id": run_id,
+                    "experiment": experiment,
+                    "seed": self._get(self.config, "seed_everything"),
+                },
+            )
+        ]
         if not _has(user_callbacks, SaveAdapters):
             defaults.append(SaveAdapters())  # a no-op for models without adapters
-        if not _has(user_callbacks, ModelCheckpoint) and trainer_cfg.get("enable_checkpointing", True) is not False:
+        if (
+            not _has(user_callbacks, ModelCheckpoint)
+            and trainer_cfg.get("enable_checkpointing", True) is not False
+        ):
             defaults.append(ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), save_last=True))
-        if not _has(user_callbacks, ProgressBar) and trainer_cfg.get("enable_progress_bar", True) is not False:
+        if (
+            not _has(user_callbacks, ProgressBar)
+            and trainer_cfg.get("enable_progress_bar", True) is not False
+        ):
             defaults.append(RichProgressBar())
         if loggers and not _has(user_callbacks, LearningRateMonitor):
             defaults.append(LearningRateMonitor(logging_interval="step"))

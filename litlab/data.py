@@ -20,31 +20,42 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="kind", required=True)
     d4rl = sub.add_parser("d4rl", help="generate (or inspect) a D4RL-layout HDF5 data set")
     d4rl.add_argument("--env", help="gymnasium env id, e.g. Pendulum-v1, Hopper-v4")
-    d4rl.add_argument("--level", default="medium",
-                      choices=["random", "medium", "medium-replay", "expert", "medium-expert"])
+    d4rl.add_argument(
+        "--level", default="medium", choices=["random", "medium", "medium-replay", "expert", "medium-expert"]
+    )
     d4rl.add_argument("--n", type=int, default=None, help="transitions (default 20000 toys, 100000 MuJoCo)")
     d4rl.add_argument("--seed", type=int, default=0)
-    d4rl.add_argument("--policy", choices=["auto", "sac", "analytic"], default="auto",
-                      help="auto: analytic controller for Pendulum-v1, SAC otherwise")
-    d4rl.add_argument("--sac-steps", type=int, default=None, help="SAC training steps (default 20000 toys, 1000000 MuJoCo)")
+    d4rl.add_argument(
+        "--policy",
+        choices=["auto", "sac", "analytic"],
+        default="auto",
+        help="auto: analytic controller for Pendulum-v1, SAC otherwise",
+    )
+    d4rl.add_argument(
+        "--sac-steps", type=int, default=None, help="SAC training steps (default 20000 toys, 1000000 MuJoCo)"
+    )
     d4rl.add_argument("--out", type=Path, default=None, help="output file (default: the cache path)")
-    d4rl.add_argument("--info", type=Path, default=None, help="print a summary of an existing D4RL/Minari file")
+    d4rl.add_argument(
+        "--info", type=Path, default=None, help="print a summary of an existing D4RL/Minari file"
+    )
     args = parser.parse_args(argv)
 
-    from lit_modules.common.hf import ResourceUnavailableError
-    from lit_modules.common.rl.d4rl_io import episode_returns, load_dataset, read_metadata
+    from litlab.lit_modules.core.errors import ResourceUnavailableError
+    from litlab.lit_modules.rl.d4rl_io import episode_returns, load_dataset, read_metadata
 
     if args.info:
         data = load_dataset(args.info)
         rets = episode_returns(data)
-        print(f"{args.info}: {len(data['observations'])} transitions, obs {data['observations'].shape[1]}, "
-              f"act {data['actions'].shape[1]}, {len(rets)} complete episodes, mean return "
-              f"{rets.mean() if len(rets) else float('nan'):.1f}, metadata {read_metadata(args.info)}")
+        print(
+            f"{args.info}: {len(data['observations'])} transitions, obs {data['observations'].shape[1]}, "
+            f"act {data['actions'].shape[1]}, {len(rets)} complete episodes, mean return "
+            f"{rets.mean() if len(rets) else float('nan'):.1f}, metadata {read_metadata(args.info)}"
+        )
         return 0
     if not args.env:
         parser.error("d4rl needs --env (or --info FILE)")
-    from lit_modules.common.rl.envs import MUJOCO_ENVS
-    from lit_modules.common.rl.factory import make_dataset
+    from litlab.lit_modules.rl.envs import MUJOCO_ENVS
+    from litlab.lit_modules.rl.factory import make_dataset
 
     mujoco = args.env.split("-")[0] in MUJOCO_ENVS
     n = args.n or (100_000 if mujoco else 20_000)

@@ -21,8 +21,9 @@ from typing import Any
 
 import yaml
 
-from litlab.cards import Card, CardError, evaluate, expression_names, load_card, split_clauses
-from litlab.runs import atomic_write_json, atomic_write_text
+from litlab.cards import Card, evaluate, expression_names, load_card, split_clauses
+from litlab.lit_modules.core.errors import CardError
+from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Many runs in one terminal: a table at the end says more than a progress bar per run (none of these
@@ -55,8 +56,16 @@ def fit_args(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ex
     config = PROJECT_ROOT / spec.config_path(scale)
     if not config.exists():
         raise CardError(f"{card.path}: runs.{run_name} config {config} does not exist")
-    return ["fit", f"--config={config}", *override_args(spec.all_overrides(scale)), f"--seed_everything={seed}",
-            f"--experiment={Path(spec.config_path(scale)).stem}", f"--runs_dir={out_dir}", *QUIET_RUN_ARGS, *extra]
+    return [
+        "fit",
+        f"--config={config}",
+        *override_args(spec.all_overrides(scale)),
+        f"--seed_everything={seed}",
+        f"--experiment={Path(spec.config_path(scale)).stem}",
+        f"--runs_dir={out_dir}",
+        *QUIET_RUN_ARGS,
+        *extra,
+    ]
 
 
 _CHILD_REUSED = 3  # exit code of a child whose run had already finished
@@ -94,21 +103,31 @@ def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path)
 
     def launch(key: str) -> tuple[str, int]:
         with open(log_dir / f"{key}.log", "wb") as log:
-            proc = subprocess.run([sys.executable, "-c", code, *jobs[key]], stdout=log, stderr=subprocess.STDOUT,
-                                  env=env, cwd=Path.cwd())
+            proc = subprocess.run(
+                [sys.executable, "-c", code, *jobs[key]],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=Path.cwd(),
+            )
         return key, proc.returncode
 
     ran = set()
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for key, code_ in pool.map(launch, jobs):
             if code_ not in (0, _CHILD_REUSED):  # rerun in-process next, where its error surfaces as usual
-                print(f"litlab repro: worker for {key} exited {code_} (log {log_dir / f'{key}.log'})", file=sys.stderr)
+                print(
+                    f"litlab repro: worker for {key} exited {code_} (log {log_dir / f'{key}.log'})",
+                    file=sys.stderr,
+                )
             elif code_ == 0:
                 ran.add(key)
     return ran
 
 
-def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> dict[str, Any]:
+def run_one(
+    card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]
+) -> dict[str, Any]:
     """One LightningCLI fit; returns its summary (reused when it already finished)."""
     from litlab.cli import LitlabCLI, RunAlreadyFinished
 
@@ -131,19 +150,33 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
     metric = spec.metric or card.metric.name
     if metric not in summary["metrics"]:
         raise KeyError(f"run {run_name} logged no metric {metric!r}; it logged {sorted(summary['metrics'])}")
-    return {"seed": seed, "value": float(summary["metrics"][metric]), "run_dir": str(run_dir), "reused": reused,
-            "wall_time_s": summary.get("wall_time_s")}
+    return {
+        "seed": seed,
+        "value": float(summary["metrics"][metric]),
+        "run_dir": str(run_dir),
+        "reused": reused,
+        "wall_time_s": summary.get("wall_time_s"),
+    }
 
 
-def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, only: list[str] | None = None,
-              out_root: Path = Path("runs/repro"), extra: list[str] | None = None,
-              include_optional: bool = False, jobs: int = 1) -> dict[str, Any]:
+def reproduce(
+    card: Card,
+    scale: str = "quick",
+    seeds: list[int] | None = None,
+    only: list[str] | None = None,
+    out_root: Path = Path("runs/repro"),
+    extra: list[str] | None = None,
+    include_optional: bool = False,
+    jobs: int = 1,
+) -> dict[str, Any]:
     seeds = list(seeds if seeds is not None else card.seeds[scale])
     runs = card.runs_for(scale)
     if only:
         unknown = set(only) - set(runs)
         if unknown:
-            raise CardError(f"--only names unknown runs {sorted(unknown)}; the card has {sorted(runs)} at scale {scale}")
+            raise CardError(
+                f"--only names unknown runs {sorted(unknown)}; the card has {sorted(runs)} at scale {scale}"
+            )
         runs = {n: runs[n] for n in only}
     elif not include_optional:
         runs = {n: r for n, r in runs.items() if not r.optional}
@@ -166,9 +199,14 @@ def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, 
             for s, v in zip(seeds, values):
                 v["reused"] = v["reused"] and f"{name}-s{s}" not in ran_in_workers
         xs = [v["value"] for v in values]
-        per_run[name] = {"metric": runs[name].metric or card.metric.name, "values": xs, "seeds": seeds,
-                         "mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-                         "runs": values}
+        per_run[name] = {
+            "metric": runs[name].metric or card.metric.name,
+            "values": xs,
+            "seeds": seeds,
+            "mean": statistics.fmean(xs),
+            "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            "runs": values,
+        }
     means = {n: r["mean"] for n, r in per_run.items()}
     stds = {n: r["std"] for n, r in per_run.items()}
     expr = card.expectation.get(scale)
@@ -176,20 +214,36 @@ def reproduce(card: Card, scale: str = "quick", seeds: list[int] | None = None, 
     if expr:
         for clause in split_clauses(expr):
             if expression_names(clause) & skipped_optional:
-                clauses.append({"clause": clause, "holds": None, "skipped": True})  # optional run not asked for
+                clauses.append(
+                    {"clause": clause, "holds": None, "skipped": True}
+                )  # optional run not asked for
                 continue
             try:
                 clauses.append({"clause": clause, "holds": evaluate(clause, means, stds)})
             except CardError:
                 clauses.append({"clause": clause, "holds": None})  # a run it needs was left out by --only
     decisive = [c for c in clauses if not c.get("skipped")]
-    verdict = None if not decisive or any(c["holds"] is None for c in decisive) else all(c["holds"] for c in decisive)
-    return {"slug": card.slug, "title": card.title, "claim": card.claim, "scale": scale, "seeds": seeds,
-            "metric": {"name": card.metric.name, "mode": card.metric.mode}, "runs": per_run, "expectation": expr,
-            "clauses": clauses, "passed": verdict, "date": date.today().isoformat(),
-            "wall_time_s": round(time.time() - started, 1),
-            "reused_runs": sum(r["reused"] for run in per_run.values() for r in run["runs"]),
-            "total_runs": sum(len(run["runs"]) for run in per_run.values())}
+    verdict = (
+        None
+        if not decisive or any(c["holds"] is None for c in decisive)
+        else all(c["holds"] for c in decisive)
+    )
+    return {
+        "slug": card.slug,
+        "title": card.title,
+        "claim": card.claim,
+        "scale": scale,
+        "seeds": seeds,
+        "metric": {"name": card.metric.name, "mode": card.metric.mode},
+        "runs": per_run,
+        "expectation": expr,
+        "clauses": clauses,
+        "passed": verdict,
+        "date": date.today().isoformat(),
+        "wall_time_s": round(time.time() - started, 1),
+        "reused_runs": sum(r["reused"] for run in per_run.values() for r in run["runs"]),
+        "total_runs": sum(len(run["runs"]) for run in per_run.values()),
+    }
 
 
 def call_report_hook(card: Card, res: dict[str, Any], out_dir: Path) -> None:
@@ -226,19 +280,32 @@ def _verdict(v: bool | None) -> str:
 
 
 def render_markdown(card: Card, res: dict[str, Any], command: str) -> str:
-    lines = [f"# {card.title} — reproduction ({res['scale']})", "", f"**Claim.** {card.claim}", "",
-             f"Command: `{command}`  ", f"Date: {res['date']}, seeds {res['seeds']}, wall time {res['wall_time_s']} s "
-             f"({res['reused_runs']} of {res['total_runs']} runs reused from earlier invocations)", "",
-             "| run | metric | mean ± std | per seed | recorded |", "|---|---|---|---|---|"]
-    recorded = (card.recorded.get("results") or {})
+    lines = [
+        f"# {card.title} — reproduction ({res['scale']})",
+        "",
+        f"**Claim.** {card.claim}",
+        "",
+        f"Command: `{command}`  ",
+        f"Date: {res['date']}, seeds {res['seeds']}, wall time {res['wall_time_s']} s "
+        f"({res['reused_runs']} of {res['total_runs']} runs reused from earlier invocations)",
+        "",
+        "| run | metric | mean ± std | per seed | recorded |",
+        "|---|---|---|---|---|",
+    ]
+    recorded = card.recorded.get("results") or {}
     for name, r in res["runs"].items():
         rec = recorded.get(name) or {}
         rec_text = f"{_fmt(rec['mean'])} ± {_fmt(rec.get('std', 0.0))}" if "mean" in rec else "—"
-        lines.append(f"| {name} | {r['metric']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | "
-                     f"{', '.join(_fmt(v) for v in r['values'])} | {rec_text} |")
+        lines.append(
+            f"| {name} | {r['metric']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | "
+            f"{', '.join(_fmt(v) for v in r['values'])} | {rec_text} |"
+        )
     lines += ["", f"**Expectation** (paper's direction): `{res['expectation']}`", ""]
-    lines += [f"- {'skipped (optional runs; --all runs them)' if c.get('skipped') else _verdict(c['holds'])}: "
-              f"`{c['clause']}`" for c in res["clauses"]]
+    lines += [
+        f"- {'skipped (optional runs; --all runs them)' if c.get('skipped') else _verdict(c['holds'])}: "
+        f"`{c['clause']}`"
+        for c in res["clauses"]
+    ]
     lines += ["", f"**Verdict: {_verdict(res['passed'])}**", ""]
     if res.get("derived"):
         lines += ["## Derived numbers", "", "| name | value |", "|---|---|"]
@@ -260,7 +327,12 @@ def print_table(card: Card, res: dict[str, Any]) -> None:
     for col in ("run", "metric", "mean ± std", "per seed"):
         table.add_column(col)
     for name, r in res["runs"].items():
-        table.add_row(name, r["metric"], f"{_fmt(r['mean'])} ± {_fmt(r['std'])}", ", ".join(_fmt(v) for v in r["values"]))
+        table.add_row(
+            name,
+            r["metric"],
+            f"{_fmt(r['mean'])} ± {_fmt(r['std'])}",
+            ", ".join(_fmt(v) for v in r["values"]),
+        )
     console = Console(width=None if sys.stdout.isatty() else 120)  # a log file still gets readable rows
     console.print(table)
     console.print(f"expectation: {res['expectation']}")
@@ -268,8 +340,10 @@ def print_table(card: Card, res: dict[str, Any]) -> None:
         console.print(f"  {'skip' if c.get('skipped') else _verdict(c['holds'])}  {c['clause']}")
     for k, v in (res.get("derived") or {}).items():
         console.print(f"  {k} = {_fmt(v)}")
-    console.print(f"[bold]{_verdict(res['passed'])}[/bold]  ({res['wall_time_s']} s; "
-                  f"{res['reused_runs']} of {res['total_runs']} runs reused)")
+    console.print(
+        f"[bold]{_verdict(res['passed'])}[/bold]  ({res['wall_time_s']} s; "
+        f"{res['reused_runs']} of {res['total_runs']} runs reused)"
+    )
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
@@ -281,14 +355,20 @@ def plot(res: dict[str, Any], path: Path) -> None:
     groups: dict[str, list[str]] = {}
     for name, r in res["runs"].items():
         groups.setdefault(r["metric"], []).append(name)
-    fig, axes = plt.subplots(1, len(groups), figsize=(4 + 1.2 * max(len(v) for v in groups.values()) * len(groups), 3.6),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        len(groups),
+        figsize=(4 + 1.2 * max(len(v) for v in groups.values()) * len(groups), 3.6),
+        squeeze=False,
+    )
     for ax, (metric, names) in zip(axes[0], groups.items()):
         means = [res["runs"][n]["mean"] for n in names]
         stds = [res["runs"][n]["std"] for n in names]
         # points, not bars from zero: the differences that matter are often small against the values
         for i, n in enumerate(names):
-            ax.scatter([i] * len(res["runs"][n]["values"]), res["runs"][n]["values"], color="0.6", s=10, zorder=2)
+            ax.scatter(
+                [i] * len(res["runs"][n]["values"]), res["runs"][n]["values"], color="0.6", s=10, zorder=2
+            )
         ax.errorbar(range(len(names)), means, yerr=stds, fmt="o", color="tab:blue", capsize=4, zorder=3)
         ax.set_xlim(-0.5, len(names) - 0.5)
         ax.grid(axis="y", alpha=0.3)
@@ -305,23 +385,44 @@ def plot(res: dict[str, Any], path: Path) -> None:
 def record_into_card(card: Card, res: dict[str, Any], command: str) -> None:
     """Replace the card's ``recorded:`` block (kept last in the file) with this run's measured numbers."""
     assert card.path is not None
-    block = {"recorded": {"date": res["date"], "command": command, "scale": res["scale"], "seeds": res["seeds"],
-                          "passed": res["passed"], "wall_time_s": res["wall_time_s"],
-                          "results": {n: {"metric": r["metric"], "mean": round(r["mean"], 6), "std": round(r["std"], 6),
-                                          "values": [round(v, 6) for v in r["values"]]}
-                                      for n, r in res["runs"].items()}}}
+    block = {
+        "recorded": {
+            "date": res["date"],
+            "command": command,
+            "scale": res["scale"],
+            "seeds": res["seeds"],
+            "passed": res["passed"],
+            "wall_time_s": res["wall_time_s"],
+            "results": {
+                n: {
+                    "metric": r["metric"],
+                    "mean": round(r["mean"], 6),
+                    "std": round(r["std"], 6),
+                    "values": [round(v, 6) for v in r["values"]],
+                }
+                for n, r in res["runs"].items()
+            },
+        }
+    }
     # runs this invocation did not repeat (optional ones, or left out by --only) keep their earlier numbers
     earlier = card.recorded or {}
     for name, entry in (earlier.get("results") or {}).items():
         if name in card.runs and name not in res["runs"]:
-            block["recorded"]["results"][name] = {**entry, "from": entry.get("from")
-                                                  or f"{earlier.get('date')}: {earlier.get('command')}"}
-    derived = {**(earlier.get("derived") or {}), **{k: round(v, 6) for k, v in (res.get("derived") or {}).items()}}
+            block["recorded"]["results"][name] = {
+                **entry,
+                "from": entry.get("from") or f"{earlier.get('date')}: {earlier.get('command')}",
+            }
+    derived = {
+        **(earlier.get("derived") or {}),
+        **{k: round(v, 6) for k, v in (res.get("derived") or {}).items()},
+    }
     if derived:
         block["recorded"]["derived"] = derived
     text = card.path.read_text()
     head = text.split("\nrecorded:", 1)[0].rstrip() + "\n"
-    atomic_write_text(card.path, head + yaml.safe_dump(block, sort_keys=False, width=110, default_flow_style=None))
+    atomic_write_text(
+        card.path, head + yaml.safe_dump(block, sort_keys=False, width=110, default_flow_style=None)
+    )
 
 
 # ---- command line -------------------------------------------------------------------------------
@@ -348,16 +449,29 @@ def main(argv: list[str]) -> int:
     parser.add_argument("slug", nargs="?", help="card name (seeds/<slug>.yaml) or a path to a card file")
     parser.add_argument("--list", action="store_true", help="list cards and their last recorded result")
     parser.add_argument("--scale", choices=["quick", "full"], default="quick")
-    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",") if x], default=None,
-                        help="comma-separated seeds (default: the card's)")
+    parser.add_argument(
+        "--seeds",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=None,
+        help="comma-separated seeds (default: the card's)",
+    )
     parser.add_argument("--only", type=lambda s: s.split(","), default=None, help="comma-separated run names")
     parser.add_argument("--all", action="store_true", help="also the card's optional (long) runs")
-    parser.add_argument("--jobs", "-j", type=int, default=1,
-                        help="run the card's runs in this many worker processes (one thread each; default 1)")
-    parser.add_argument("--out", type=Path, default=Path("runs/repro"), help="report root (default runs/repro)")
-    parser.add_argument("--record", action="store_true", help="write the measured numbers into the card's recorded: block")
+    parser.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=1,
+        help="run the card's runs in this many worker processes (one thread each; default 1)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/repro"), help="report root (default runs/repro)"
+    )
+    parser.add_argument(
+        "--record", action="store_true", help="write the measured numbers into the card's recorded: block"
+    )
     parser.epilog = "Arguments after `--` go to every run's LightningCLI (e.g. -- --trainer.accelerator=gpu)."
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
@@ -367,17 +481,27 @@ def main(argv: list[str]) -> int:
         parser.error("give a card slug (see `litlab repro --list`)")
     for name in ("lightning.pytorch", "lightning.fabric"):  # per-run banners drown the report
         logging.getLogger(name).setLevel(logging.WARNING)
-    card_path = Path(args.slug) if args.slug.endswith((".yaml", ".yml")) else seeds_dir() / f"{args.slug}.yaml"
+    card_path = (
+        Path(args.slug) if args.slug.endswith((".yaml", ".yml")) else seeds_dir() / f"{args.slug}.yaml"
+    )
     try:
         card = load_card(card_path)
     except CardError as err:
         print(f"litlab repro: {err}", file=sys.stderr)
         return 2
-    from lit_modules.common.hf import ResourceUnavailableError
+    from litlab.lit_modules.core.errors import ResourceUnavailableError
 
     try:
-        res = reproduce(card, args.scale, args.seeds, args.only, args.out, extra, include_optional=args.all,
-                        jobs=args.jobs)
+        res = reproduce(
+            card,
+            args.scale,
+            args.seeds,
+            args.only,
+            args.out,
+            extra,
+            include_optional=args.all,
+            jobs=args.jobs,
+        )
     except (CardError, ResourceUnavailableError) as err:
         # a full-scale run on a machine without the model or data: say what is missing, no traceback
         print(f"litlab repro {card.slug} --scale {args.scale}: {err}", file=sys.stderr)

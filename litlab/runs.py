@@ -20,13 +20,28 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from litlab.lit_modules.core.errors import CheckpointError
+
 # Keys that name *where* or *how visibly* a run happens, not *what* it computes (the seed is kept apart:
 # it is the run id's suffix, so the seeds of one config share a hash prefix).
-IDENTITY_EXCLUDED_KEYS = frozenset({
-    "seed_everything", "config", "experiment", "run_id", "runs_dir", "ckpt_path", "subcommand", "verbose",
-    "trainer.logger", "trainer.callbacks", "trainer.enable_progress_bar", "trainer.default_root_dir",
-    "trainer.enable_model_summary", "trainer.log_every_n_steps",
-})
+IDENTITY_EXCLUDED_KEYS = frozenset(
+    {
+        "seed_everything",
+        "config",
+        "experiment",
+        "run_id",
+        "runs_dir",
+        "ckpt_path",
+        "subcommand",
+        "verbose",
+        "trainer.logger",
+        "trainer.callbacks",
+        "trainer.enable_progress_bar",
+        "trainer.default_root_dir",
+        "trainer.enable_model_summary",
+        "trainer.log_every_n_steps",
+    }
+)
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -40,31 +55,18 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_hash(config: Mapping[str, Any], length: int = 10) -> str:
     """Stable hash of a resolved config (nested dicts), ignoring ``IDENTITY_EXCLUDED_KEYS``."""
-    flat = {k: v for k, v in _flatten(config).items()
-            if not any(k == x or k.startswith(x + ".") for x in IDENTITY_EXCLUDED_KEYS) and not k.endswith("__path__")}
+    flat = {
+        k: v
+        for k, v in _flatten(config).items()
+        if not any(k == x or k.startswith(x + ".") for x in IDENTITY_EXCLUDED_KEYS)
+        and not k.endswith("__path__")
+    }
     blob = json.dumps(flat, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
 def default_run_id(config: Mapping[str, Any], seed: int | None) -> str:
     return f"{config_hash(config)}-s{seed if seed is not None else 'x'}"
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write-then-rename, so a reader (or a crash) never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def wandb_mode() -> str:
@@ -80,10 +82,6 @@ def wandb_mode() -> str:
     return "online" if auth else "offline"
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read: truncated, corrupt, or holding objects we refuse to unpickle."""
-
-
 class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint IO (its saves are already write-then-commit), loading with
     ``weights_only=True`` by default and turning a truncated or corrupt file into a clear error."""
@@ -93,12 +91,15 @@ class SafeCheckpointIO(TorchCheckpointIO):
         if not path.exists():
             raise FileNotFoundError(f"checkpoint not found: {path}")
         try:
-            return super().load_checkpoint(path, map_location=map_location,
-                                           weights_only=True if weights_only is None else weights_only)
+            return super().load_checkpoint(
+                path, map_location=map_location, weights_only=True if weights_only is None else weights_only
+            )
         except pickle.UnpicklingError as err:
             if "Weights only load failed" in str(err):
-                raise CheckpointError(f"{path} holds objects that are not plain tensors/containers; load it with "
-                                      f"weights_only=False only if you trust its source.\n{err}") from err
+                raise CheckpointError(
+                    f"{path} holds objects that are not plain tensors/containers; load it with "
+                    f"weights_only=False only if you trust its source.\n{err}"
+                ) from err
             raise _corrupt(path, err) from err
         except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as err:
             raise _corrupt(path, err) from err
@@ -106,8 +107,10 @@ class SafeCheckpointIO(TorchCheckpointIO):
 
 def _corrupt(path: Path, err: Exception) -> CheckpointError:
     others = sorted(p.name for p in path.parent.glob("*.ckpt") if p != path)
-    return CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(err).__name__}: {err}). Delete it and "
-                           f"resume from another checkpoint{f' (found: {others})' if others else ''}, or start afresh.")
+    return CheckpointError(
+        f"checkpoint {path} is truncated or corrupt ({type(err).__name__}: {err}). Delete it and "
+        f"resume from another checkpoint{f' (found: {others})' if others else ''}, or start afresh."
+    )
 
 
 def torch_load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

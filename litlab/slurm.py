@@ -50,10 +50,16 @@ def run_dir_of(fit_args: list[str], subcommand: str = "fit") -> Path:
 
 def sbatch_script(args: argparse.Namespace, subcommand: str, fit_args: list[str], run_dir: Path) -> str:
     tasks = args.tasks_per_node or args.gpus_per_node
-    directives = [f"--job-name={args.job_name or 'litlab-' + run_dir.parent.name}", f"--nodes={args.nodes}",
-                  f"--ntasks-per-node={tasks}", f"--cpus-per-task={args.cpus_per_task}",
-                  "--signal=SIGUSR1@90", "--requeue", "--open-mode=append",
-                  f"--output={run_dir.resolve()}/slurm-%j.out"]
+    directives = [
+        f"--job-name={args.job_name or 'litlab-' + run_dir.parent.name}",
+        f"--nodes={args.nodes}",
+        f"--ntasks-per-node={tasks}",
+        f"--cpus-per-task={args.cpus_per_task}",
+        "--signal=SIGUSR1@90",
+        "--requeue",
+        "--open-mode=append",
+        f"--output={run_dir.resolve()}/slurm-%j.out",
+    ]
     if args.gpus_per_node:
         directives.append(f"--gpus-per-node={args.gpus_per_node}")
     for flag in ("partition", "time", "account", "mem"):
@@ -61,33 +67,47 @@ def sbatch_script(args: argparse.Namespace, subcommand: str, fit_args: list[str]
             directives.append(f"--{flag}={getattr(args, flag)}")
     directives += args.sbatch_arg or []
     found = shutil.which("litlab")
-    bin_dir = Path(found).resolve().parent if found else Path(sys.executable).parent  # e.g. an unactivated venv
+    bin_dir = (
+        Path(found).resolve().parent if found else Path(sys.executable).parent
+    )  # e.g. an unactivated venv
     run = shlex.quote(str(run_dir.resolve()))
     command = " ".join(shlex.quote(a) for a in ["litlab", subcommand, *fit_args])
-    lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives), "",
-             "# written by `litlab slurm`; one task per device, Lightning's SLURMEnvironment reads the ranks",
-             "set -euo pipefail",
-             f"cd {shlex.quote(str(Path.cwd()))}",
-             f"export PATH={shlex.quote(str(bin_dir))}:$PATH",
-             f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{args.cpus_per_task}}}",
-             f"RUN_DIR={run}",
-             "RESUME=()",
-             "if compgen -G \"$RUN_DIR/hpc_ckpt_*.ckpt\" > /dev/null; then",
-             "  echo \"resuming from Lightning's auto-requeue checkpoint in $RUN_DIR\"   # picked up by Lightning",
-             "elif [ -f \"$RUN_DIR/checkpoints/last.ckpt\" ]; then",
-             "  RESUME=(--ckpt_path=last); echo \"resuming from $RUN_DIR/checkpoints/last.ckpt\"",
-             "fi",
-             "echo \"job $SLURM_JOB_ID attempt ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST\"",
-             f"srun --label {command} \"${{RESUME[@]}}\"", ""]
+    lines = [
+        "#!/bin/bash",
+        *(f"#SBATCH {d}" for d in directives),
+        "",
+        "# written by `litlab slurm`; one task per device, Lightning's SLURMEnvironment reads the ranks",
+        "set -euo pipefail",
+        f"cd {shlex.quote(str(Path.cwd()))}",
+        f"export PATH={shlex.quote(str(bin_dir))}:$PATH",
+        f"export OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{args.cpus_per_task}}}",
+        f"RUN_DIR={run}",
+        "RESUME=()",
+        'if compgen -G "$RUN_DIR/hpc_ckpt_*.ckpt" > /dev/null; then',
+        '  echo "resuming from Lightning\'s auto-requeue checkpoint in $RUN_DIR"   # picked up by Lightning',
+        'elif [ -f "$RUN_DIR/checkpoints/last.ckpt" ]; then',
+        '  RESUME=(--ckpt_path=last); echo "resuming from $RUN_DIR/checkpoints/last.ckpt"',
+        "fi",
+        'echo "job $SLURM_JOB_ID attempt ${SLURM_RESTART_COUNT:-0} on $SLURM_JOB_NODELIST"',
+        f'srun --label {command} "${{RESUME[@]}}"',
+        "",
+    ]
     return "\n".join(lines)
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, str, list[str]]:
-    parser = argparse.ArgumentParser(prog="litlab slurm", description=__doc__.split("\n")[0],
-                                     epilog="Every other argument goes to `litlab fit` unchanged.")
+    parser = argparse.ArgumentParser(
+        prog="litlab slurm",
+        description=__doc__.split("\n")[0],
+        epilog="Every other argument goes to `litlab fit` unchanged.",
+    )
     parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--gpus-per-node", type=int, default=None,
-                        help="GPUs per node, one task each; 0 for CPU workers (then give --tasks-per-node)")
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="GPUs per node, one task each; 0 for CPU workers (then give --tasks-per-node)",
+    )
     parser.add_argument("--tasks-per-node", type=int, default=None, help="default: --gpus-per-node")
     parser.add_argument("--cpus-per-task", type=int, default=1)
     parser.add_argument("--partition")
@@ -95,19 +115,27 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, str, list[str]]:
     parser.add_argument("--account")
     parser.add_argument("--mem", help="memory per node, e.g. 64G")
     parser.add_argument("--job-name")
-    parser.add_argument("--sbatch-arg", action="append", help="an extra #SBATCH line, e.g. --sbatch-arg=--qos=high")
+    parser.add_argument(
+        "--sbatch-arg", action="append", help="an extra #SBATCH line, e.g. --sbatch-arg=--qos=high"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the script, do not submit")
     args, rest = parser.parse_known_args(argv)
     subcommand = rest.pop(0) if rest and rest[0] in SUBCOMMANDS else "fit"
     if args.gpus_per_node is None:
         parser.error("--gpus-per-node is required (0 for a CPU job, with --tasks-per-node)")
     tasks = args.tasks_per_node or args.gpus_per_node
-    for name, value in [("--nodes", args.nodes), ("tasks per node", tasks), ("--cpus-per-task", args.cpus_per_task)]:
+    for name, value in [
+        ("--nodes", args.nodes),
+        ("tasks per node", tasks),
+        ("--cpus-per-task", args.cpus_per_task),
+    ]:
         if value is None or value < 1:
             parser.error(f"{name}={value} must be >= 1 (a CPU job needs --tasks-per-node)")
     if args.gpus_per_node and args.tasks_per_node and args.tasks_per_node != args.gpus_per_node:
-        parser.error(f"--tasks-per-node={args.tasks_per_node} must equal --gpus-per-node={args.gpus_per_node}: "
-                     "Lightning runs one task per GPU")
+        parser.error(
+            f"--tasks-per-node={args.tasks_per_node} must equal --gpus-per-node={args.gpus_per_node}: "
+            "Lightning runs one task per GPU"
+        )
     if not any(a == "--config" or a.startswith("--config=") for a in rest):
         parser.error("give the run's config: litlab slurm --config configs/<slug>/quick.yaml --nodes N ...")
     placement = [f"--trainer.num_nodes={args.nodes}", f"--trainer.devices={tasks}"]

@@ -28,13 +28,10 @@ from typing import Any
 
 import yaml
 
-from litlab.runs import atomic_write_json, atomic_write_text
+from litlab.lit_modules.core.errors import SweepError
+from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
 
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
-
-
-class SweepError(ValueError):
-    pass
 
 
 def load_sweep(path: Path) -> dict[str, Any]:
@@ -54,12 +51,15 @@ def load_sweep(path: Path) -> dict[str, Any]:
     if cfg["method"] not in ("grid", "random", "bayes"):
         raise SweepError(f"{path}: method={cfg['method']!r}; litlab sweep runs grid, random and bayes")
     if cfg["method"] != "grid" and "metric" not in cfg:
-        raise SweepError(f"{path}: method={cfg['method']!r} needs a metric: {{name: ..., goal: minimize|maximize}}")
+        raise SweepError(
+            f"{path}: method={cfg['method']!r} needs a metric: {{name: ..., goal: minimize|maximize}}"
+        )
     return cfg
 
 
 def expand_command(cfg: dict[str, Any], params: dict[str, Any]) -> list[str]:
     """wandb agent's macros: ${env} ${interpreter} ${program} ${args} ${args_no_hyphens} ${args_json}."""
+
     def fmt(v: Any) -> str:
         return v if isinstance(v, str) else json.dumps(v)
 
@@ -101,7 +101,9 @@ class LocalSweep:
 
     def save(self) -> None:
         with self._lock:  # runs finish on several threads
-            atomic_write_json(self.state_file, {"sweep_file": str(self.path), "config": self.cfg, "runs": self.runs})
+            atomic_write_json(
+                self.state_file, {"sweep_file": str(self.path), "config": self.cfg, "runs": self.runs}
+            )
 
     def run_dir(self, name: str) -> Path:
         return self.dir / "runs" / self.name / name
@@ -110,14 +112,24 @@ class LocalSweep:
     def _as_sweep_runs(self) -> list:
         import sweeps
 
-        states = {"finished": sweeps.RunState.finished, "failed": sweeps.RunState.failed,
-                  "running": sweeps.RunState.running, "pending": sweeps.RunState.pending}
+        states = {
+            "finished": sweeps.RunState.finished,
+            "failed": sweeps.RunState.failed,
+            "running": sweeps.RunState.running,
+            "pending": sweeps.RunState.pending,
+        }
         out = []
         for r in self.runs:
             summary = {self.metric: r["metric"]} if self.metric and r.get("metric") is not None else {}
-            out.append(sweeps.SweepRun(name=r["name"], state=states.get(r["status"], sweeps.RunState.failed),
-                                       config={k: {"value": v} for k, v in r["params"].items()},
-                                       summary_metrics=summary, history=[summary] if summary else []))
+            out.append(
+                sweeps.SweepRun(
+                    name=r["name"],
+                    state=states.get(r["status"], sweeps.RunState.failed),
+                    config={k: {"value": v} for k, v in r["params"].items()},
+                    summary_metrics=summary,
+                    history=[summary] if summary else [],
+                )
+            )
         return out
 
     def propose(self) -> dict[str, Any] | None:
@@ -140,8 +152,13 @@ class LocalSweep:
         summary_path = run_dir / "summary.json"
         if _finished(summary_path):  # finished before an interruption of the sweep itself
             return self._collect(entry, summary_path, 0)
-        cmd = [*_resolve_litlab(expand_command(self.cfg, entry["params"])), f"--runs_dir={self.dir / 'runs'}",
-               f"--experiment={self.name}", f"--run_id={entry['name']}", *extra]
+        cmd = [
+            *_resolve_litlab(expand_command(self.cfg, entry["params"])),
+            f"--runs_dir={self.dir / 'runs'}",
+            f"--experiment={self.name}",
+            f"--run_id={entry['name']}",
+            *extra,
+        ]
         if summary_path.parent.joinpath("checkpoints", "last.ckpt").exists():
             cmd.append("--ckpt_path=last")  # an interrupted run continues from its last checkpoint
         entry["status"], entry["command"] = "running", shlex.join(cmd)
@@ -192,16 +209,32 @@ class LocalSweep:
     def report(self) -> str:
         keys = sorted({k for r in self.runs for k in r["params"]})
         header = ["rank", "run", *keys, self.metric or "metric", "status"]
-        rows = [[str(i + 1), r["name"], *(str(r["params"].get(k)) for k in keys),
-                 f"{r['metric']:.6g}" if r.get("metric") is not None else "—", r["status"]]
-                for i, r in enumerate(self.ranked())]
-        rows += [["—", r["name"], *(str(r["params"].get(k)) for k in keys), "—", r["status"]]
-                 for r in self.runs if r["status"] != "finished"]
+        rows = [
+            [
+                str(i + 1),
+                r["name"],
+                *(str(r["params"].get(k)) for k in keys),
+                f"{r['metric']:.6g}" if r.get("metric") is not None else "—",
+                r["status"],
+            ]
+            for i, r in enumerate(self.ranked())
+        ]
+        rows += [
+            ["—", r["name"], *(str(r["params"].get(k)) for k in keys), "—", r["status"]]
+            for r in self.runs
+            if r["status"] != "finished"
+        ]
         with open(self.dir / "results.csv", "w", newline="") as f:
             csv.writer(f).writerows([header, *rows])
-        md = "\n".join([f"# sweep {self.name} ({self.cfg['method']}, {self.goal} {self.metric})", "",
-                        "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-                        *("| " + " | ".join(row) + " |" for row in rows)])
+        md = "\n".join(
+            [
+                f"# sweep {self.name} ({self.cfg['method']}, {self.goal} {self.metric})",
+                "",
+                "| " + " | ".join(header) + " |",
+                "|" + "---|" * len(header),
+                *("| " + " | ".join(row) + " |" for row in rows),
+            ]
+        )
         atomic_write_text(self.dir / "results.md", md + "\n")
         self._plot(keys)
         return md
@@ -250,12 +283,18 @@ def _finished(summary_path: Path) -> bool:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="litlab sweep", description=__doc__.split("\n")[0])
     parser.add_argument("sweep_file", type=Path)
-    parser.add_argument("--count", type=int, default=None, help="run at most N more runs (default: until grid "
-                                                                 "is exhausted; required for random/bayes)")
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=None,
+        help="run at most N more runs (default: until grid is exhausted; required for random/bayes)",
+    )
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time (default 1)")
-    parser.add_argument("--out", type=Path, default=Path("runs/sweeps"), help="sweeps root (default runs/sweeps)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs/sweeps"), help="sweeps root (default runs/sweeps)"
+    )
     parser.epilog = "Arguments after `--` go to every run (e.g. -- --trainer.max_steps=50)."
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.parallel < 1:
         parser.error(f"--parallel={args.parallel} must be >= 1")

@@ -91,7 +91,9 @@ class LoRDOStrategy(DDPStrategy):
         if outer not in ("average", "nesterov"):
             raise ValueError(f"outer={outer!r} must be 'average' or 'nesterov'")
         if projector_source not in ("pseudo_grad", "local_pseudo_grad"):
-            raise ValueError(f"projector_source={projector_source!r} must be 'pseudo_grad' or 'local_pseudo_grad'")
+            raise ValueError(
+                f"projector_source={projector_source!r} must be 'pseudo_grad' or 'local_pseudo_grad'"
+            )
         if warmup_ddp_steps < 0:
             raise ValueError(f"warmup_ddp_steps={warmup_ddp_steps} must be >= 0")
         self.mode, self.sync_every, self.outer = mode, sync_every, outer
@@ -100,11 +102,11 @@ class LoRDOStrategy(DDPStrategy):
         self.projector_source, self.rotate_moments = projector_source, rotate_moments
         self.broadcast_projector, self.warmup_ddp_steps = broadcast_projector, warmup_ddp_steps
         self.ledger = CommLedger()
-        self.inner_step = 0                      # optimizer steps taken (all modes)
+        self.inner_step = 0  # optimizer steps taken (all modes)
         self.num_syncs = 0
-        self.similarities: list[float] = []      # mean subspace similarity at each projector refresh
-        self._anchor: Tensor | None = None       # θ̄, fp32 flat
-        self._outer_buf: Tensor | None = None    # Nesterov momentum
+        self.similarities: list[float] = []  # mean subspace similarity at each projector refresh
+        self._anchor: Tensor | None = None  # θ̄, fp32 flat
+        self._outer_buf: Tensor | None = None  # Nesterov momentum
         self._pending_state: dict[str, Any] | None = None
 
     # ---- set-up: no DDP wrapper (§5) ---------------------------------------------------------------
@@ -112,7 +114,9 @@ class LoRDOStrategy(DDPStrategy):
         """Under srun/torchrun the ranks exist already: launch nothing, whatever ``start_method`` says (Lightning's
         spawn launcher would start a second set of processes inside every Slurm task)."""
         if self.cluster_environment is not None and self.cluster_environment.creates_processes_externally:
-            self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+            self._launcher = _SubprocessScriptLauncher(
+                self.cluster_environment, self.num_processes, self.num_nodes
+            )
         elif self._start_method != "popen":
             self._launcher = _SpawnLauncher(self, start_method=self._start_method)
         else:
@@ -120,7 +124,7 @@ class LoRDOStrategy(DDPStrategy):
 
     def configure_ddp(self) -> None:
         assert self.lightning_module is not None
-        _sync_module_states(self.model)          # θ broadcast from rank 0 (§3.5)
+        _sync_module_states(self.model)  # θ broadcast from rank 0 (§3.5)
         self._anchor = parameters_to_vector(self._params()).detach().float().clone()
         if self._pending_state is not None:
             self._apply_state(self._pending_state)
@@ -133,7 +137,7 @@ class LoRDOStrategy(DDPStrategy):
     def _all_reduce_mean(self, flat: Tensor, tag: str) -> Tensor:
         self.ledger.add(tag, flat)
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)   # AVG is not available on gloo
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)  # AVG is not available on gloo
             flat.div_(self.world_size)
         return flat
 
@@ -157,27 +161,27 @@ class LoRDOStrategy(DDPStrategy):
         flat = self._all_reduce_mean(torch.cat([g.reshape(-1) for g in grads]).float(), tag)
         out, offset = [], 0
         for p in params:
-            out.append(flat[offset: offset + p.numel()].view_as(p).to(p.dtype))
+            out.append(flat[offset : offset + p.numel()].view_as(p).to(p.dtype))
             offset += p.numel()
         return out
 
     # ---- one training step -------------------------------------------------------------------------
     def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any) -> Any:
         def closure_then_communicate():
-            loss = closure()                    # forward + backward of this rank's batch
+            loss = closure()  # forward + backward of this rank's batch
             if self._reduces_gradients():
                 params = self._params()
                 for p, g in zip(params, self._all_reduce_grads(params, "gradient")):
                     p.grad = g
             elif self.mode == "lordo" and not _projectors_ready(optimizer):
                 self._init_projectors(optimizer)
-            return loss                         # precision plugin then clips the (averaged) gradient
+            return loss  # precision plugin then clips the (averaged) gradient
 
         output = super().optimizer_step(optimizer, closure_then_communicate, model, **kwargs)
         self.inner_step += 1
         if self.mode in LOCAL_MODES:
             local_steps = self.inner_step - self.warmup_ddp_steps
-            if local_steps == 0:                # DDP warm-up just ended: ranks are identical, start the anchor
+            if local_steps == 0:  # DDP warm-up just ended: ranks are identical, start the anchor
                 self._anchor = parameters_to_vector(self._params()).detach().float().clone()
             elif local_steps > 0 and local_steps % self.sync_every == 0:
                 self.outer_sync(optimizer)
@@ -196,23 +200,30 @@ class LoRDOStrategy(DDPStrategy):
     def outer_sync(self, optimizer) -> None:
         params = self._params()
         theta = parameters_to_vector(params).detach().float()
-        local_delta = self._anchor - theta                                    # 1. Δᵐ = θ̄ − θᵐ
+        local_delta = self._anchor - theta  # 1. Δᵐ = θ̄ − θᵐ
         delta = self._all_reduce_mean(local_delta.clone(), "pseudo_gradient")  # Δ = mean_m Δᵐ
-        if self.outer == "average":                                           # 2. θ ← θ̄ − Δ
+        if self.outer == "average":  # 2. θ ← θ̄ − Δ
             self._anchor = self._anchor - delta
-        else:                                                                 # Nesterov SGD on θ̄
-            buf = delta.clone() if self._outer_buf is None else self._outer_buf.mul_(self.outer_momentum).add_(delta)
+        else:  # Nesterov SGD on θ̄
+            buf = (
+                delta.clone()
+                if self._outer_buf is None
+                else self._outer_buf.mul_(self.outer_momentum).add_(delta)
+            )
             self._outer_buf = buf
             self._anchor = self._anchor - self.outer_lr * (delta + self.outer_momentum * buf)
-        _copy_into(self._anchor, params)                                      # θᵐ ← θ; θ̄ ← θ
+        _copy_into(self._anchor, params)  # θᵐ ← θ; θ̄ ← θ
         if self.mode == "lordo":
-            if self.sync_states and hasattr(optimizer, "state_tensors_for_sync"):    # 3. state averaging
+            if self.sync_states and hasattr(optimizer, "state_tensors_for_sync"):  # 3. state averaging
                 states = optimizer.state_tensors_for_sync(self.sync_error_feedback)
-                flat = self._all_reduce_mean(torch.cat([s.reshape(-1).float() for s in states]), "optimizer_state")
+                flat = self._all_reduce_mean(
+                    torch.cat([s.reshape(-1).float() for s in states]), "optimizer_state"
+                )
                 _copy_into(flat, states)
-            if hasattr(optimizer, "refresh_projectors"):                      # 4.–5. projector refresh
-                self._refresh_projectors(optimizer, params, local_delta if self.projector_source ==
-                                         "local_pseudo_grad" else delta)
+            if hasattr(optimizer, "refresh_projectors"):  # 4.–5. projector refresh
+                self._refresh_projectors(
+                    optimizer, params, local_delta if self.projector_source == "local_pseudo_grad" else delta
+                )
         self.num_syncs += 1
 
     def _refresh_projectors(self, optimizer, params: list[Tensor], source: Tensor) -> None:
@@ -221,9 +232,9 @@ class LoRDOStrategy(DDPStrategy):
             offsets[id(p)] = offset
             offset += p.numel()
         low = optimizer.low_rank_params()
-        deltas = {p: source[offsets[id(p)]: offsets[id(p)] + p.numel()].view_as(p) for p in low}
+        deltas = {p: source[offsets[id(p)] : offsets[id(p)] + p.numel()].view_as(p) for p in low}
         sims = optimizer.refresh_projectors(deltas, rotate=self.rotate_moments)
-        if self.broadcast_projector:                                          # heterogeneous ranks: rank 0's Q
+        if self.broadcast_projector:  # heterogeneous ranks: rank 0's Q
             Qs = [optimizer.state[p]["projector"] for p in low]
             flat = self._broadcast_tensor(torch.cat([Q.reshape(-1) for Q in Qs]), "projector_broadcast")
             _copy_into(flat, Qs)
@@ -234,23 +245,34 @@ class LoRDOStrategy(DDPStrategy):
     def comm_metrics(self) -> dict[str, float]:
         total = self.ledger.total
         ring = 2 * (self.world_size - 1) / self.world_size if self.world_size > 1 else 1.0
-        metrics = {"comm/bytes_total": float(total), "comm/bytes_per_step": total / max(self.inner_step, 1),
-                   "comm/ring_bytes_total": total * ring, "comm/num_collectives": float(sum(self.ledger.calls.values())),
-                   "comm/num_syncs": float(self.num_syncs)}
+        metrics = {
+            "comm/bytes_total": float(total),
+            "comm/bytes_per_step": total / max(self.inner_step, 1),
+            "comm/ring_bytes_total": total * ring,
+            "comm/num_collectives": float(sum(self.ledger.calls.values())),
+            "comm/num_syncs": float(self.num_syncs),
+        }
         if self.similarities:
             metrics["lordo/subspace_similarity"] = self.similarities[-1]
         return metrics
 
     def lowcomm_state_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "inner_step": self.inner_step, "num_syncs": self.num_syncs,
-                "anchor": None if self._anchor is None else self._anchor.cpu(),
-                "outer_buf": None if self._outer_buf is None else self._outer_buf.cpu(),
-                "ledger": self.ledger.state_dict(), "similarities": list(self.similarities)}
+        return {
+            "mode": self.mode,
+            "inner_step": self.inner_step,
+            "num_syncs": self.num_syncs,
+            "anchor": None if self._anchor is None else self._anchor.cpu(),
+            "outer_buf": None if self._outer_buf is None else self._outer_buf.cpu(),
+            "ledger": self.ledger.state_dict(),
+            "similarities": list(self.similarities),
+        }
 
     def load_lowcomm_state_dict(self, state: dict[str, Any]) -> None:
         """Called from ``on_load_checkpoint`` (before ``configure_ddp`` for DDP-family strategies)."""
         if state.get("mode") != self.mode:
-            raise ValueError(f"checkpoint was written by mode={state.get('mode')!r}, this run is mode={self.mode!r}")
+            raise ValueError(
+                f"checkpoint was written by mode={state.get('mode')!r}, this run is mode={self.mode!r}"
+            )
         if self._anchor is None:
             self._pending_state = state
         else:
@@ -306,5 +328,5 @@ def _copy_into(flat: Tensor, tensors: list[Tensor]) -> None:
     """Copy consecutive slices of ``flat`` into ``tensors`` (never aliasing them to ``flat``)."""
     offset = 0
     for t in tensors:
-        t.copy_(flat[offset: offset + t.numel()].view_as(t))
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
         offset += t.numel()

@@ -10,7 +10,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # Without a GPU the Triton kernels are tested under the interpreter. Triton reads this when a kernel module is
-# imported, and any test module may import one (lit_modules.sale does): set it before every test module.
+# imported, and any test module may import one (litlab.lit_modules.longctx.sale does): set it before every test module.
 import torch  # noqa: E402  (after OMP_NUM_THREADS)
 
 if not torch.cuda.is_available():

@@ -2,9 +2,7 @@
 
 import pytest
 import torch
-from torch import nn
-
-from lit_modules.common.adapters import (
+from litlab.lit_modules.core.adapters import (
     AdapterLinear,
     adapter_parameters,
     find_adapters,
@@ -15,7 +13,8 @@ from lit_modules.common.adapters import (
     transform_adapter_grads,
     transform_adapter_updates,
 )
-from lit_modules.common.models import TinyGPT, tiny_llama
+from litlab.lit_modules.core.models import TinyGPT, tiny_llama
+from torch import nn
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
 KINDS = [("lora", {}), ("khatri_rao", {})]
@@ -39,14 +38,17 @@ def test_zero_init_identity_and_freezing_on_tiny_gpt(kind, extra):
     assert torch.equal(model(x), before)  # ΔW = 0 exactly at init: bit-for-bit
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(".branches." in n for n in trainable)
-    assert {id(p) for p in adapter_parameters(adapted)} == {id(p) for p in model.parameters() if p.requires_grad}
+    assert {id(p) for p in adapter_parameters(adapted)} == {
+        id(p) for p in model.parameters() if p.requires_grad
+    }
 
 
 @pytest.mark.parametrize("kind", ["lora", "khatri_rao"])
 def test_zero_init_identity_on_hf_llama(kind):
     torch.manual_seed(0)
-    model = tiny_llama(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                       intermediate_size=64).eval()
+    model = tiny_llama(
+        vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64
+    ).eval()
     x = _tokens()
     before = model(x).logits
     adapted = inject_adapters(model, ["q_proj", "v_proj", "down_proj"], rank=4, kind=kind)
@@ -68,8 +70,12 @@ def test_base_weights_bitwise_unchanged_after_training_steps(kind):
     for n, p in model.named_parameters():
         if n in base:
             assert torch.equal(p, base[n]), n
-    assert any(b.factors()[k].abs().sum() > 0 for m in adapted.values() for b in m.branches.values()
-               for k in b.factors())
+    assert any(
+        b.factors()[k].abs().sum() > 0
+        for m in adapted.values()
+        for b in m.branches.values()
+        for k in b.factors()
+    )
 
 
 @pytest.mark.parametrize("kind", ["lora", "khatri_rao"])
@@ -110,7 +116,12 @@ def test_rank_dict_gives_exact_parameter_count():
     model = _gpt()
     plan = {"blocks.0.attn.q_proj": 2, "blocks.1.attn.q_proj": 5, "v_proj": 3, "default": 0}
     adapted = inject_adapters(model, ["q_proj", "v_proj", "up_proj"], rank=plan)
-    assert set(adapted) == {"blocks.0.attn.q_proj", "blocks.1.attn.q_proj", "blocks.0.attn.v_proj", "blocks.1.attn.v_proj"}
+    assert set(adapted) == {
+        "blocks.0.attn.q_proj",
+        "blocks.1.attn.q_proj",
+        "blocks.0.attn.v_proj",
+        "blocks.1.attn.v_proj",
+    }
     assert adapted["blocks.1.attn.q_proj"].branches["default"].rank == 5
     expected = sum(m.branches["default"].rank * (m.in_features + m.out_features) for m in adapted.values())
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) == expected == (2 + 5 + 3 + 3) * 64
@@ -155,6 +166,7 @@ def test_save_load_adapters_apart_from_base(tmp_path):
     assert torch.allclose(fresh(x), model(x), atol=1e-6)
     with pytest.raises(ValueError, match="not a litlab adapter file"):
         from safetensors.torch import save_file
+
         save_file({"w": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
         load_adapters(_gpt(), tmp_path / "other.safetensors")
 
@@ -190,7 +202,9 @@ def test_gradient_and_update_hooks():
     with torch.no_grad():
         for p in adapter_parameters(adapted):
             p.add_(1.0)
-    transform_adapter_updates(adapted, before, lambda m, b, br, old, new: {"A": old["A"]})  # undo A's update only
+    transform_adapter_updates(
+        adapted, before, lambda m, b, br, old, new: {"A": old["A"]}
+    )  # undo A's update only
     layer = adapted["blocks.0.attn.q_proj"].branches["default"]
     assert torch.equal(layer.A, before[("blocks.0.attn.q_proj", "default")]["A"])
     assert torch.equal(layer.B, before[("blocks.0.attn.q_proj", "default")]["B"] + 1.0)

@@ -28,8 +28,13 @@ def test_every_quick_config_fits_with_fast_dev_run(config, tmp_path):
 
 def test_run_layout_summary_checkpoint_and_loggers(tmp_path):
     cfg = ROOT / "configs/lokra/matrix.yaml"
-    args = ["fit", f"--config={cfg}", "--trainer.max_steps=20", "--data.init_args.steps_per_epoch=10",
-            "--model.init_args.mode=lokra_plus"]
+    args = [
+        "fit",
+        f"--config={cfg}",
+        "--trainer.max_steps=20",
+        "--data.init_args.steps_per_epoch=10",
+        "--model.init_args.mode=lokra_plus",
+    ]
     cli = run(args, tmp_path)
     run_dir = cli.run_dir
     assert run_dir.parent == tmp_path / "runs" / "lokra" and run_dir.name.endswith("-s0")
@@ -38,14 +43,16 @@ def test_run_layout_summary_checkpoint_and_loggers(tmp_path):
     assert 0 <= summary["metrics"]["val/rel_err"] < 1.5
     assert (run_dir / "checkpoints" / "last.ckpt").exists()
     # the adapters alone, loadable onto a fresh base: same ΔW as the trained module's
-    from lit_modules.common.adapters import load_adapters
-    from lit_modules.lokra import LoKRAMatrixApprox
+    from litlab.lit_modules.core.adapters import load_adapters
+    from litlab.lit_modules.peft.lokra import LoKRAMatrixApprox
 
     fresh = LoKRAMatrixApprox(mode="lokra_plus")
     load_adapters(fresh, run_dir / "adapters.safetensors")
     assert torch.allclose(fresh.adapted["layer"].delta_weight(), cli.model.adapted["layer"].delta_weight())
     assert list(run_dir.glob("csv/version_*/metrics.csv"))
-    assert list(run_dir.glob("csv/version_*/config.yaml"))  # each attempt's resolved config beside its metrics
+    assert list(
+        run_dir.glob("csv/version_*/config.yaml")
+    )  # each attempt's resolved config beside its metrics
     callbacks = {type(c).__name__ for c in cli.trainer.callbacks}
     assert {"ModelCheckpoint", "LearningRateMonitor", "RunSummary"} <= callbacks
     # same config and seed -> same folder (this is what makes ckpt_path=last and repro reuse work)
@@ -66,8 +73,16 @@ def test_run_layout_summary_checkpoint_and_loggers(tmp_path):
 def test_wandb_offline_logger_by_default(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = ROOT / "configs/lokra/matrix.yaml"
-    cli = run(["fit", f"--config={cfg}", "--trainer.max_steps=4", "--data.init_args.steps_per_epoch=2",
-               "--trainer.enable_checkpointing=false"], tmp_path)
+    cli = run(
+        [
+            "fit",
+            f"--config={cfg}",
+            "--trainer.max_steps=4",
+            "--data.init_args.steps_per_epoch=2",
+            "--trainer.enable_checkpointing=false",
+        ],
+        tmp_path,
+    )
     assert {type(lg).__name__ for lg in cli.trainer.loggers} == {"WandbLogger", "CSVLogger"}
     assert list(cli.run_dir.glob("wandb/offline-run-*"))
     cli.trainer.loggers[0].experiment.finish()
@@ -78,15 +93,22 @@ def test_print_config_shows_resolved_defaults(capsys):
         LitlabCLI(args=["fit", f"--config={ROOT / 'configs/lokra/quick.yaml'}", "--print_config"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    assert "lit_modules.lokra.LoKRALanguageModel" in out and "penalty_eps: 0.0001" in out and "seed_everything: 0" in out
+    assert (
+        "litlab.lit_modules.peft.lokra.LoKRALanguageModel" in out
+        and "penalty_eps: 0.0001" in out
+        and "seed_everything: 0" in out
+    )
 
 
-@pytest.mark.parametrize("bad,needle", [
-    (["--model.init_args.rnak=4"], "rnak"),
-    (["--model.init_args.rank=four"], "rank"),
-    (["--model.init_args.mode=loha"], "mode"),
-    (["--trainer.max_stepz=3"], "max_stepz"),
-])
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        (["--model.init_args.rnak=4"], "rnak"),
+        (["--model.init_args.rank=four"], "rank"),
+        (["--model.init_args.mode=loha"], "mode"),
+        (["--trainer.max_stepz=3"], "max_stepz"),
+    ],
+)
 def test_bad_config_errors_name_the_key(bad, needle, capsys):
     with pytest.raises(SystemExit) as exit_info:
         LitlabCLI(args=["fit", f"--config={ROOT / 'configs/lokra/matrix.yaml'}", *bad])
@@ -96,19 +118,32 @@ def test_bad_config_errors_name_the_key(bad, needle, capsys):
 
 def test_litlab_command_runs_from_the_shell(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    out = subprocess.run([sys.executable, "-m", "litlab", "fit", "--help"], capture_output=True, text=True, env=env,
-                         cwd=tmp_path, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "litlab", "fit", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert out.returncode == 0 and "--ckpt_path" in out.stdout and "--run_id" in out.stdout
 
 
 def test_full_scale_config_fails_at_once_offline(tmp_path, monkeypatch):
-    from lit_modules.common.hf import ModelUnavailableError
+    from litlab.lit_modules.core.errors import ModelUnavailableError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     started = time.time()
     with pytest.raises(ModelUnavailableError) as err:
-        run(["fit", f"--config={ROOT / 'configs/lokra/full.yaml'}", "--trainer.accelerator=cpu",
-             "--trainer.precision=32"], tmp_path)
+        run(
+            [
+                "fit",
+                f"--config={ROOT / 'configs/lokra/full.yaml'}",
+                "--trainer.accelerator=cpu",
+                "--trainer.precision=32",
+            ],
+            tmp_path,
+        )
     assert time.time() - started < 60
     text = str(err.value)
     assert "meta-llama/Meta-Llama-3-8B" in text and "hf download" in text

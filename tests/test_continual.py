@@ -8,11 +8,11 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from litlab.callbacks.continual import AccuracyMatrixCallback, cl_metrics
+from litlab.datamodules.continual import ContinualDataModule
+from litlab.lit_modules.continual.harness import InfLoRA, OLoRA, SequentialLoRA, time_training_steps
+from litlab.lit_modules.continual.janus_lora import JanusLoRA
 
-from callbacks.continual import AccuracyMatrixCallback, cl_metrics
-from datamodules.continual import ContinualDataModule
-from lit_modules.common.continual import InfLoRA, OLoRA, SequentialLoRA, time_training_steps
-from lit_modules.janus_lora import JanusLoRA
 from litlab.runs import SafeCheckpointIO
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,9 @@ def test_split_digits_tasks_are_disjoint_class_sets():
     assert shuffled.task_classes != dm.task_classes
     cumulative = ContinualDataModule(cumulative=True)
     cumulative.setup()
-    assert cumulative.train_classes(2) == [0, 1, 2, 3, 4, 5] and len(cumulative._task_train(2)) > len(dm._task_train(2))
+    assert cumulative.train_classes(2) == [0, 1, 2, 3, 4, 5] and len(cumulative._task_train(2)) > len(
+        dm._task_train(2)
+    )
 
 
 @pytest.mark.parametrize("benchmark", ["digits", "mnist1d"])
@@ -95,9 +97,17 @@ def _fit(module, dm, root, stop_after=None, ckpt_path=None):
     callbacks = [AccuracyMatrixCallback(), ModelCheckpoint(dirpath=str(root / "ckpt"), save_last=True)]
     if stop_after is not None:
         callbacks.append(_StopAfterEpoch(stop_after))
-    trainer = L.Trainer(max_epochs=dm.num_tasks * dm.epochs_per_task, reload_dataloaders_every_n_epochs=1,
-                        callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=str(root), plugins=[SafeCheckpointIO()], deterministic=True)
+    trainer = L.Trainer(
+        max_epochs=dm.num_tasks * dm.epochs_per_task,
+        reload_dataloaders_every_n_epochs=1,
+        callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+        plugins=[SafeCheckpointIO()],
+        deterministic=True,
+    )
     trainer.fit(module, dm, ckpt_path=ckpt_path)
     return trainer, callbacks[0]
 
@@ -107,7 +117,9 @@ def test_one_fit_walks_the_tasks_and_fills_the_matrix(tmp_path):
     dm = ContinualDataModule(num_tasks=5, epochs_per_task=1)
     trainer, acc = _fit(JanusLoRA(**FAST), dm, tmp_path)
     assert len(acc.R) == 5 and all(len(r) == 5 for r in acc.R)
-    assert all(acc.R[i][j] == 0.0 for i in range(5) for j in range(i + 1, 5))  # unseen classes: never predicted
+    assert all(
+        acc.R[i][j] == 0.0 for i in range(5) for j in range(i + 1, 5)
+    )  # unseen classes: never predicted
     assert all(acc.R[i][i] > 0.2 for i in range(5))  # chance among the seen classes: 1/(2i+2)
     metrics = trainer.callback_metrics
     for k in ("cl/acc", "cl/bwt", "cl/forgetting", "cl/maa", "cl/fwt", "cl/violation_max"):
@@ -124,16 +136,25 @@ def test_resume_mid_task_from_checkpoint_matches_an_uninterrupted_run(tmp_path):
     L.seed_everything(0)
     _fit(JanusLoRA(**FAST), ContinualDataModule(**dm_kw), tmp_path / "cut", stop_after=2)
     L.seed_everything(0)
-    _, resumed = _fit(JanusLoRA(**FAST), ContinualDataModule(**dm_kw), tmp_path / "cut",
-                      ckpt_path=str(tmp_path / "cut" / "ckpt" / "last.ckpt"))
+    _, resumed = _fit(
+        JanusLoRA(**FAST),
+        ContinualDataModule(**dm_kw),
+        tmp_path / "cut",
+        ckpt_path=str(tmp_path / "cut" / "ckpt" / "last.ckpt"),
+    )
     assert len(resumed.R) == 2
     assert torch.allclose(torch.tensor(resumed.R), torch.tensor(full.R), atol=1e-6)
 
 
 def test_max_epochs_must_match_the_task_sequence(tmp_path):
     dm = ContinualDataModule(num_tasks=5, epochs_per_task=2)
-    trainer = L.Trainer(max_epochs=3, reload_dataloaders_every_n_epochs=1, logger=False, enable_progress_bar=False,
-                        enable_checkpointing=False)
+    trainer = L.Trainer(
+        max_epochs=3,
+        reload_dataloaders_every_n_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+    )
     with pytest.raises(ValueError, match="num_tasks × epochs_per_task"):
         trainer.fit(SequentialLoRA(**FAST), dm)
 
@@ -179,13 +200,17 @@ def test_olora_penalises_overlap_with_old_down_projections():
     _task(module, dm, 0, opt)
     assert all(A.shape == (4, 64) for A in module.past_A.values())
     module.on_task_start(1, dm)
-    logs = module.cl_step(next(iter(dm.task_train_loader(1, batch_size=32))), opt, lambda loss: loss.backward())
+    logs = module.cl_step(
+        next(iter(dm.task_train_loader(1, batch_size=32))), opt, lambda loss: loss.backward()
+    )
     assert logs["loss_orth"] > 0
 
 
 def test_time_training_steps_reports_every_module():
     dm = ContinualDataModule()
-    secs = time_training_steps({"lora": SequentialLoRA(**FAST), "janus": JanusLoRA(**FAST)}, dm, steps=3, warmup_steps=2)
+    secs = time_training_steps(
+        {"lora": SequentialLoRA(**FAST), "janus": JanusLoRA(**FAST)}, dm, steps=3, warmup_steps=2
+    )
     assert set(secs) == {"lora", "janus"} and all(s > 0 for s in secs.values())
 
 
@@ -202,9 +227,16 @@ def test_text_task_sequence_is_class_incremental_over_modules():
 def test_text_config_runs_janus_on_a_pretrained_tiny_gpt(tmp_path):
     from litlab.cli import LitlabCLI
 
-    cli = LitlabCLI(args=["fit", f"--config={ROOT / 'configs/janus_lora/text.yaml'}", f"--runs_dir={tmp_path}",
-                          "--trainer.enable_progress_bar=false", "--trainer.max_epochs=5",
-                          "--data.init_args.epochs_per_task=1"])
+    cli = LitlabCLI(
+        args=[
+            "fit",
+            f"--config={ROOT / 'configs/janus_lora/text.yaml'}",
+            f"--runs_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.max_epochs=5",
+            "--data.init_args.epochs_per_task=1",
+        ]
+    )
     metrics = json.loads((cli.run_dir / "summary.json").read_text())["metrics"]
     assert metrics["cl/violation_max"] < 1e-9 and metrics["cl/acc"] > 0.1
     assert (cli.run_dir / "accuracy_matrix.png").exists()

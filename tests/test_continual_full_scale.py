@@ -7,13 +7,11 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-
-from callbacks.continual import AccuracyMatrixCallback
-from datamodules.commonsense import DatasetUnavailableError
-from datamodules.continual import ContinualDataModule
-from lit_modules.common.hf import ModelUnavailableError
-from lit_modules.janus_lora import JanusLoRA
-from lit_modules.loda import LoDA
+from litlab.callbacks.continual import AccuracyMatrixCallback
+from litlab.datamodules.continual import ContinualDataModule
+from litlab.lit_modules.continual.janus_lora import JanusLoRA
+from litlab.lit_modules.continual.loda import LoDA
+from litlab.lit_modules.core.errors import DatasetUnavailableError, ModelUnavailableError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,8 +43,14 @@ def _image_folders(root: Path, classes=4, per_split=(6, 3), size=32):
 def _tiny_vit(folder: Path) -> str:
     import transformers
 
-    cfg = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                                 num_attention_heads=4, intermediate_size=64)
+    cfg = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+    )
     torch.manual_seed(0)
     transformers.ViTModel(cfg, add_pooling_layer=False).save_pretrained(folder)
     return str(folder)
@@ -56,15 +60,28 @@ def _tiny_vit(folder: Path) -> str:
 def test_image_folder_benchmark_with_a_local_hf_vit(method, tmp_path):
     _image_folders(tmp_path / "data")
     vit = _tiny_vit(tmp_path / "vit")
-    dm = ContinualDataModule(benchmark="cifar100", data_root=str(tmp_path / "data"), num_tasks=2,
-                             epochs_per_task=1, batch_size=4, image_size=32)
+    dm = ContinualDataModule(
+        benchmark="cifar100",
+        data_root=str(tmp_path / "data"),
+        num_tasks=2,
+        epochs_per_task=1,
+        batch_size=4,
+        image_size=32,
+    )
     targets = ["k_proj", "v_proj"] if method is JanusLoRA else ["q_proj", "k_proj", "v_proj"]
     module = method(backbone=vit, width=32, targets=targets, rank=2, alpha=2.0, eval_head="cosine", lr=0.05)
     acc = AccuracyMatrixCallback()
     L.seed_everything(0)
-    trainer = L.Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, callbacks=[acc], logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                        default_root_dir=str(tmp_path))
+    trainer = L.Trainer(
+        max_epochs=2,
+        reload_dataloaders_every_n_epochs=1,
+        callbacks=[acc],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path),
+    )
     trainer.fit(module, dm)
     assert dm.num_classes == 4 and len(acc.R) == 2 and "cl/acc" in trainer.callback_metrics
     assert len(module.adapted) == 2 * len(targets)

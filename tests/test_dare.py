@@ -6,10 +6,9 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from litlab.lit_modules.rl.dare import DARE, align, exchange, fit_gaussians, posterior_online
 from scipy.stats import norm
 from torch.distributions import Normal, kl_divergence
-
-from lit_modules.dare import DARE, align, exchange, fit_gaussians, posterior_online
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,7 +69,9 @@ def test_exchange_separates_latent_components_better_than_origin():
     rng = np.random.default_rng(0)
     n = 4096
     latent_b = np.r_[rng.random(n) < 0.1, rng.random(n) < 0.5]  # B = behaviour-inconsistent
-    d = torch.tensor(np.where(latent_b, rng.normal(3, 1, 2 * n), rng.normal(0, 1, 2 * n)), dtype=torch.float32)
+    d = torch.tensor(
+        np.where(latent_b, rng.normal(3, 1, 2 * n), rng.normal(0, 1, 2 * n)), dtype=torch.float32
+    )
     online = torch.arange(2 * n) >= n
     m, _ = _mask(d, online)
     b = torch.tensor(latent_b)
@@ -93,15 +94,20 @@ def _module_and_batch(**kw):
     torch.manual_seed(0)
     model = DARE(hidden=[32, 32], obs_dim=3, act_dim=2, **kw)
     n = 16
-    batch = {"obs": torch.randn(n, 3), "act": torch.rand(n, 2) * 2 - 1, "rew": torch.randn(n),
-             "next_obs": torch.randn(n, 3), "terminal": torch.zeros(n)}
+    batch = {
+        "obs": torch.randn(n, 3),
+        "act": torch.rand(n, 2) * 2 - 1,
+        "rew": torch.randn(n),
+        "next_obs": torch.randn(n, 3),
+        "terminal": torch.zeros(n),
+    }
     online = torch.arange(n) >= n // 2
     return model, batch, online
 
 
 def test_reductions_constrained_is_iql_and_tau_one_is_origin_split():
-    from lit_modules.common.rl import iql
-    from lit_modules.common.rl.sac import actor_loss_per_sample
+    from litlab.lit_modules.rl import iql
+    from litlab.lit_modules.rl.sac import actor_loss_per_sample
 
     model, batch, online = _module_and_batch(mask_mode="constrained")
     mask, _ = model.sample_mask(batch, online)
@@ -139,31 +145,55 @@ def test_awr_term_gives_no_gradient_through_relaxed_rows():
 
 # ---- §7.6 freezing ------------------------------------------------------------------------------
 def _fit(model, dm):
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        limit_val_batches=0)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
     trainer.fit(model, dm)
     return trainer
 
 
 @pytest.mark.parametrize("behavior", ["gaussian", "diffusion"])
 def test_behaviour_model_frozen_online_while_actor_and_critic_learn(behavior):
-    from datamodules.rl import RLDataModule
+    from litlab.datamodules.rl import RLDataModule
 
     L.seed_everything(0, verbose=False)
-    dm = RLDataModule(env_id="Pendulum-v1", dataset_level="medium", n_offline_steps=30, n_online_steps=66,
-                      obs_scale=[1.0, 1.0, 8.0], reward_scale=0.1)
+    dm = RLDataModule(
+        env_id="Pendulum-v1",
+        dataset_level="medium",
+        n_offline_steps=30,
+        n_online_steps=66,
+        obs_scale=[1.0, 1.0, 8.0],
+        reward_scale=0.1,
+    )
     model = DARE(hidden=[32, 32], behavior=behavior, batch_offline=16, batch_online=16)
     snapshots = {}
 
     class Snap(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             if trainer.datamodule.iteration == 46:  # online and warm (16 online rows) from here on
-                snapshots.update({name: {k: v.clone() for k, v in getattr(pl_module, name).state_dict().items()}
-                                  for name in ("behavior", "actor", "critic")})
+                snapshots.update(
+                    {
+                        name: {k: v.clone() for k, v in getattr(pl_module, name).state_dict().items()}
+                        for name in ("behavior", "actor", "critic")
+                    }
+                )
 
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[Snap()])
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Snap()],
+    )
     trainer.fit(model, dm)
     assert dm.iteration == 96 and dm.env_steps == 66 and len(model.mechanism) == 66 - 15
     after = {name: getattr(model, name).state_dict() for name in ("behavior", "actor", "critic")}
@@ -189,8 +219,15 @@ def pendulum_mechanism(tmp_path_factory):
     share of online-origin samples labelled constrained."""
     from litlab.cli import LitlabCLI
 
-    cli = LitlabCLI(args=["fit", f"--config={ROOT / 'configs/dare/quick.yaml'}", "--seed_everything=0",
-                          f"--runs_dir={tmp_path_factory.mktemp('dare_mech')}", "--trainer.enable_progress_bar=false"])
+    cli = LitlabCLI(
+        args=[
+            "fit",
+            f"--config={ROOT / 'configs/dare/quick.yaml'}",
+            "--seed_everything=0",
+            f"--runs_dir={tmp_path_factory.mktemp('dare_mech')}",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
     return torch.stack(cli.model.mechanism).numpy()
 
 
@@ -198,21 +235,24 @@ def pendulum_mechanism(tmp_path_factory):
 def test_mechanism_on_pendulum(pendulum_mechanism):
     mech = pendulum_mechanism
     gap, moves = mech[:, 1], mech[:, 2] + mech[:, 3]
-    assert (moves[gap <= 0] == 0).all()                                      # (i) no exchange while μ_on <= μ_off
-    assert mech[:, 2].sum() >= 1 and mech[:, 3].sum() >= 1                   # (iii) both directions happen
-    assert 0 < mech[:, 4].mean() < 1                                         # a real mix, not the origin split
+    assert (moves[gap <= 0] == 0).all()  # (i) no exchange while μ_on <= μ_off
+    assert mech[:, 2].sum() >= 1 and mech[:, 3].sum() >= 1  # (iii) both directions happen
+    assert 0 < mech[:, 4].mean() < 1  # a real mix, not the origin split
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="dare.md §7.7 (ii)/(iv) assume the online phase starts from a near-"
-                   "converged AWR policy (gap < 0); here offline IQL ends weak and the gap starts positive and "
-                   "shrinks (see /work/notes/issue6_note.md)")
+@pytest.mark.xfail(
+    strict=False,
+    reason="dare.md §7.7 (ii)/(iv) assume the online phase starts from a near-"
+    "converged AWR policy (gap < 0); here offline IQL ends weak and the gap starts positive and "
+    "shrinks (see /work/notes/issue6_note.md)",
+)
 def test_mechanism_gap_drift_as_in_the_spec(pendulum_mechanism):
     mech = pendulum_mechanism
     steps, gap = mech[:, 0], mech[:, 1]
     first, last = steps <= steps[0] + 1500, steps > steps[-1] - 1500
-    assert gap[last].mean() > gap[first].mean()                              # (ii) the policy drifts away
-    assert mech[steps > steps[-1] - 1000, 4].mean() < 0.5                    # (iv)
+    assert gap[last].mean() > gap[first].mean()  # (ii) the policy drifts away
+    assert mech[steps > steps[-1] - 1000, 4].mean() < 0.5  # (iv)
 
 
 @pytest.mark.slow

@@ -6,10 +6,10 @@ import time
 import pytest
 import torch
 import transformers
+from litlab.datamodules.commonsense import IGNORE_INDEX, CommonsenseDataModule, format_prompt, load_records
+from litlab.lit_modules.core.errors import ModelUnavailableError
+from litlab.lit_modules.core.hf import dtype_from_name, load_causal_lm, load_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
-
-from datamodules.commonsense import IGNORE_INDEX, CommonsenseDataModule, format_prompt, load_records
-from lit_modules.common.hf import ModelUnavailableError, dtype_from_name, load_causal_lm, load_tokenizer
 
 SENTENCES = [
     "Below is an instruction that describes a task . Write a response that appropriately completes the request .",

@@ -3,10 +3,9 @@ invariant); §7.1–7.4 and 7.6 are in tests/test_subspace.py, §7.7 (effect) in
 
 import pytest
 import torch
-
-from datamodules.continual import ContinualDataModule
-from lit_modules.common.continual import LoRAGPM
-from lit_modules.janus_lora import JanusLoRA, decoupled_margin_loss
+from litlab.datamodules.continual import ContinualDataModule
+from litlab.lit_modules.continual.harness import LoRAGPM
+from litlab.lit_modules.continual.janus_lora import JanusLoRA, decoupled_margin_loss
 
 FAST = dict(pretrain_epochs=2)  # a weak backbone is enough for the mechanism checks; cached per session
 
@@ -55,8 +54,9 @@ def _composite_violation(module, before):
     return worst
 
 
-@pytest.mark.parametrize("opt_cls,opt_kw", [(torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}),
-                                            (torch.optim.Adam, {"lr": 1e-3})])
+@pytest.mark.parametrize(
+    "opt_cls,opt_kw", [(torch.optim.SGD, {"lr": 0.01, "momentum": 0.9}), (torch.optim.Adam, {"lr": 1e-3})]
+)
 def test_composite_update_stays_orthogonal_after_real_optimizer_steps(opt_cls, opt_kw):
     """The issue's invariant: ΔW = B'A' − BA (not A, B separately) annihilates V to 1e-5 after every step."""
     dm, module = _dm(), JanusLoRA(factor_dtype="float64", dml_enabled=True, **FAST)
@@ -64,7 +64,9 @@ def test_composite_update_stays_orthogonal_after_real_optimizer_steps(opt_cls, o
     _train_task(module, dm, 0, opt)
     assert min(m.k for m in module.memories.values()) > 0
     worst = []
-    logs = _train_task(module, dm, 1, opt, each_step=lambda before: worst.append(_composite_violation(module, before)))
+    logs = _train_task(
+        module, dm, 1, opt, each_step=lambda before: worst.append(_composite_violation(module, before))
+    )
     assert len(worst) >= 5 and max(worst) <= 1e-5
     assert logs["cl/violation_max"] <= 1e-5  # the same witness, over the whole task, logged by the module
 
@@ -85,7 +87,10 @@ def test_invariant_A_V_constant_over_a_task_in_float32():
 
 def test_without_gr_the_update_leaks_into_the_protected_subspace():
     dm = _dm()
-    for module in (JanusLoRA(gr_enabled=False, factor_dtype="float64", **FAST), LoRAGPM(factor_dtype="float64", **FAST)):
+    for module in (
+        JanusLoRA(gr_enabled=False, factor_dtype="float64", **FAST),
+        LoRAGPM(factor_dtype="float64", **FAST),
+    ):
         opt = _start(module, dm)
         _train_task(module, dm, 0, opt)
         assert _train_task(module, dm, 1, opt)["cl/violation_max"] > 1e-3

@@ -9,27 +9,29 @@ import zlib
 
 import torch
 
-if not torch.cuda.is_available():  # read by kernels.dispatch.lazy_jit at first launch, so setting it here suffices
+if (
+    not torch.cuda.is_available()
+):  # read by litlab.kernels.dispatch.lazy_jit at first launch, so setting it here suffices
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-
-from kernels import dispatch  # noqa: E402
-from kernels.block_select import (  # noqa: E402,E501
+from litlab.kernels.block_select import (  # noqa: E402,E501
     block_select_reference,
     quant_qk_block_select,
     reserved_blocks,
     smooth_quantize,
 )
-from kernels.block_sparse_attention import block_sparse_attention, block_sparse_attention_reference  # noqa: E402
-from kernels.lora_linear import lora_linear, lora_linear_reference  # noqa: E402
-from kernels.lowrank import (  # noqa: E402
+from litlab.kernels.block_sparse_attention import block_sparse_attention, block_sparse_attention_reference  # noqa: E402
+from litlab.kernels.lora_linear import lora_linear, lora_linear_reference  # noqa: E402
+from litlab.kernels.lowrank import (  # noqa: E402
     apply_rope,
     gather_lowrank_reconstruct,
     gather_lowrank_reconstruct_reference,
     inverse_rope,
 )
+
+from kernels import dispatch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATTN_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -79,7 +81,9 @@ def test_block_sparse_all_true_equals_sdpa():
     q, k, v = _qkv(200, 200, torch.float32)
     mask = torch.ones(1, 4, 4, 7, dtype=torch.bool, device=DEVICE)
     o = block_sparse_attention(q, k, v, mask, 64, 32, impl="triton")
-    sdpa = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+    sdpa = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True
+    )
     assert (o - sdpa).abs().max() <= 1e-5
 
 
@@ -92,10 +96,11 @@ def test_block_sparse_chunked_prefill_bottom_right_causal():
 
 # ---- b. low-bit block selection ---------------------------------------------------------------------------------
 def sink_needle_qk(H=2, N=256, d=32, needles=12):
-    from lit_modules.sale import sink_needle_inputs
+    from litlab.lit_modules.longctx.sale import sink_needle_inputs
 
-    q, k, _ = sink_needle_inputs(H=H, N=N, d=d, n_needles=needles, seed=int(torch.randint(0, 1000, ())),
-                                 min_query=96, min_gap=48)
+    q, k, _ = sink_needle_inputs(
+        H=H, N=N, d=d, n_needles=needles, seed=int(torch.randint(0, 1000, ())), min_query=96, min_gap=48
+    )
     return q[None].to(DEVICE), k[None, :1].to(DEVICE)
 
 
@@ -136,15 +141,18 @@ def test_block_select_estimate_accuracy_and_reserved_table():
 def test_gather_lowrank_reconstruct(dtype, chunk):
     B, L, r, H, d, S = 1, 96, 48, 2, 32, 40  # r not a multiple of BLOCK_R=32, S not of BLOCK_S=32
     a = torch.randn(B, L, r, device=DEVICE).to(dtype)
-    bm = (torch.randn(B, H, r, d, device=DEVICE) / r ** 0.5).to(dtype)
+    bm = (torch.randn(B, H, r, d, device=DEVICE) / r**0.5).to(dtype)
     idx = torch.randint(0, L // chunk, (B, H, S // chunk), device=DEVICE)
     idx[:, :, 1] = idx[:, :, 0]  # repeated indices
     cos, sin = rope_tables(L, d)
     cos, sin = cos.to(DEVICE, dtype), sin.to(DEVICE, dtype)
     plain = gather_lowrank_reconstruct(a, bm, idx, chunk_size=chunk, impl="triton", block_s=32, block_r=32)
-    roped = gather_lowrank_reconstruct(a, bm, idx, cos, sin, chunk_size=chunk, impl="triton", block_s=32,
-                                       block_r=32)
-    assert rel(plain, gather_lowrank_reconstruct_reference(a, bm, idx, None, None, chunk)) <= REL_TOL_C1[dtype]
+    roped = gather_lowrank_reconstruct(
+        a, bm, idx, cos, sin, chunk_size=chunk, impl="triton", block_s=32, block_r=32
+    )
+    assert (
+        rel(plain, gather_lowrank_reconstruct_reference(a, bm, idx, None, None, chunk)) <= REL_TOL_C1[dtype]
+    )
     assert rel(roped, gather_lowrank_reconstruct_reference(a, bm, idx, cos, sin, chunk)) <= REL_TOL_C1[dtype]
     if dtype == torch.float32:  # inverse RoPE of the fused output is the plain reconstruction
         t = (idx[..., None] * chunk + torch.arange(chunk, device=DEVICE)).flatten(-2)
@@ -157,17 +165,22 @@ def test_gather_lowrank_reconstruct(dtype, chunk):
 # ---- c2. fused LoRA linear ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_lora_linear_forward_and_grads(dtype):
-    for T, (n_in, n_out), r, bias in [(1, (48, 64), 1, True), (7, (64, 48), 4, False), (64, (48, 64), 16, True),
-                                      (64, (64, 64), 4, False)]:
+    for T, (n_in, n_out), r, bias in [
+        (1, (48, 64), 1, True),
+        (7, (64, 48), 4, False),
+        (64, (48, 64), 16, True),
+        (64, (64, 64), 4, False),
+    ]:
         x = torch.randn(2, T, n_in, device=DEVICE).to(dtype).requires_grad_()
-        w = (torch.randn(n_out, n_in, device=DEVICE) / n_in ** 0.5).to(dtype)
-        a = (torch.randn(r, n_in, device=DEVICE) / n_in ** 0.5).to(dtype).requires_grad_()
+        w = (torch.randn(n_out, n_in, device=DEVICE) / n_in**0.5).to(dtype)
+        a = (torch.randn(r, n_in, device=DEVICE) / n_in**0.5).to(dtype).requires_grad_()
         b = torch.randn(n_out, r, device=DEVICE).to(dtype).requires_grad_()
         bb = torch.randn(n_out, device=DEVICE).to(dtype) if bias else None
         y = lora_linear(x, w, a, b, 0.5, bb, impl="triton")
         ref_inputs = [t.detach().float().requires_grad_() for t in (x, a, b)]
-        y_ref = lora_linear_reference(ref_inputs[0], w.float(), ref_inputs[1], ref_inputs[2], 0.5,
-                                      None if bb is None else bb.float())
+        y_ref = lora_linear_reference(
+            ref_inputs[0], w.float(), ref_inputs[1], ref_inputs[2], 0.5, None if bb is None else bb.float()
+        )
         assert rel(y, y_ref) <= REL_TOL_C2[dtype], (T, n_in, n_out, r)
         if dtype == torch.float32:
             g = torch.randn_like(y_ref)
@@ -193,14 +206,14 @@ def test_dispatch_errors():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="kernels/bench.py needs a CUDA GPU")
 def test_bench_smoke(tmp_path):
-    from kernels.bench import main
+    from litlab.benchmarks.kernels import main
 
     assert main(["--kernel", "a", "c1", "--quick", "--out", str(tmp_path / "bench.md")]) == 0
     assert "TFLOP/s" in (tmp_path / "bench.md").read_text()
 
 
 def test_bench_script_cpu_smoke(tmp_path):
-    from kernels.bench import main
+    from litlab.benchmarks.kernels import main
 
     out = tmp_path / "bench.md"
     assert main(["--kernel", "a", "b", "c1", "c2", "--cpu-smoke", "--out", str(out)]) == 0

@@ -3,9 +3,8 @@
 
 import pytest
 import torch
-
-from datamodules.continual import ContinualDataModule
-from lit_modules.loda import LoDA
+from litlab.datamodules.continual import ContinualDataModule
+from litlab.lit_modules.continual.loda import LoDA
 
 FAST = dict(pretrain_epochs=2)
 
@@ -57,7 +56,11 @@ def test_merge_preserves_function_up_to_recalibration():
         P.B.normal_(0, 0.1)
     c = torch.tensor([1.0, 0.3, 0.0, 0.7])
     W = layer.base.weight.detach().clone()
-    expected = W + module.g_S * S.B.detach() @ torch.diag(c) @ S.A.detach() + module.g_P * P.B.detach() @ P.A.detach()
+    expected = (
+        W
+        + module.g_S * S.B.detach() @ torch.diag(c) @ S.A.detach()
+        + module.g_P * P.B.detach() @ P.A.detach()
+    )
     layer.fold_in("general", coeff=c)
     layer.fold_in("isolated")
     assert torch.allclose(layer.base.weight, expected, atol=1e-6)
@@ -69,7 +72,10 @@ def test_down_projections_frozen_and_old_heads_unchanged():
     opt = _start(module, dm)
     _train_task(module, dm, 0, opt)
     module.on_task_start(1, dm)
-    A = {n: {k: layer.branches[k].A.detach().clone() for k in ("general", "isolated")} for n, layer in module.adapted.items()}
+    A = {
+        n: {k: layer.branches[k].A.detach().clone() for k in ("general", "isolated")}
+        for n, layer in module.adapted.items()
+    }
     head = module.head.detach().clone()
     for batch in dm.task_train_loader(1, batch_size=32):
         module.cl_step(batch, opt, lambda loss: loss.backward())
@@ -127,7 +133,9 @@ def test_gao_update_is_the_target_gradient_at_the_shifted_point():
         for p in params:
             p.sub_(shifts[id(p)])
     frozen = {id(layer.branches["general"].A) for layer in module.adapted.values()}  # A_S fixed for t >= 1
-    expected = [t if (gi is None or id(p) in frozen) else t - 0.05 * gi for p, t, gi in zip(trainable, theta, grads)]
+    expected = [
+        t if (gi is None or id(p) in frozen) else t - 0.05 * gi for p, t, gi in zip(trainable, theta, grads)
+    ]
     assert all(torch.equal(p, t) for p, t in zip(trainable, theta))  # the manual computation left θ as it was
     module.gao_half_step(src, tgt, rho, opt, lambda loss: loss.backward())
     for p, e in zip(trainable, expected):

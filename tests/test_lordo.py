@@ -2,10 +2,15 @@
 
 import pytest
 import torch
-
-from lit_modules.common.optim import LowRankQHAdamW, is_left, project, project_back, subspace_similarity
-from lit_modules.lordo import LoRDOLMModule
-from strategies.lordo import LoRDOStrategy
+from litlab.lit_modules.lowcomm.lordo import LoRDOLMModule
+from litlab.lit_modules.lowcomm.optim import (
+    LowRankQHAdamW,
+    is_left,
+    project,
+    project_back,
+    subspace_similarity,
+)
+from litlab.strategies.lordo import LoRDOStrategy
 
 
 @pytest.mark.parametrize("shape", [(12, 20), (20, 12)], ids=["left", "right"])
@@ -88,7 +93,8 @@ def test_bad_values_are_named():
 
 def test_full_scale_fails_at_once_offline(monkeypatch):
     """configs/lordo/full.yaml needs C4 from the Hub (and `datasets`): offline it stops before any training."""
-    from lit_modules.common.hf import ResourceUnavailableError
+    from litlab.lit_modules.core.errors import ResourceUnavailableError
+
     from litlab.cli import LitlabCLI
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

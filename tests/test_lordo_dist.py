@@ -11,12 +11,11 @@ import socket
 import lightning as L
 import pytest
 import torch
+from litlab.lit_modules.lowcomm.lordo import LoRDOLMModule
+from litlab.lit_modules.lowcomm.optim import is_left
+from litlab.strategies.lordo import LoRDOStrategy
 from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, Dataset
-
-from lit_modules.common.optim import is_left
-from lit_modules.lordo import LoRDOLMModule
-from strategies.lordo import LoRDOStrategy
 
 K = 8
 TINY = dict(vocab_size=97, d_model=16, n_layers=1, n_heads=2, mlp_hidden=32, block_size=16, rank=4, lr=1e-2)
@@ -59,10 +58,20 @@ class RecordingStrategy(LoRDOStrategy):
 
 
 def fit(strategy, model, steps, callbacks=(), ckpt_path=None, root=None, batch_size=8):
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=steps, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, limit_val_batches=0, callbacks=list(callbacks),
-                        default_root_dir=root)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=list(callbacks),
+        default_root_dir=root,
+    )
     trainer.fit(model, DataLoader(RandomTokens(), batch_size=batch_size, shuffle=True), ckpt_path=ckpt_path)
     return trainer
 
@@ -89,18 +98,31 @@ def ddp_data():
 
 
 def worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
-                      LOCAL_RANK=str(rank), NODE_RANK="0", OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE="2",
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        NODE_RANK="0",
+        OMP_NUM_THREADS="1",
+    )
     res = {}
     L.seed_everything(0)
     # checks 1, 3 (average), 6: lordo, K = 8, 24 steps
     rec, strat = Recorder(), RecordingStrategy(mode="lordo", sync_every=K)
     model = LoRDOLMModule(**TINY)
     fit(strat, model, 24, [rec])
-    res["lordo"] = dict(params=rec.params, sync_steps=rec.sync_steps, ledger=strat.ledger.state_dict(),
-                        pre=strat.pre_sync, post=strat.post_sync, total=strat.ledger.total,
-                        low=[tuple(p.shape) for n, p in model.model.named_parameters() if n in model.low_rank_names],
-                        P=sum(p.numel() for p in model.parameters()))
+    res["lordo"] = dict(
+        params=rec.params,
+        sync_steps=rec.sync_steps,
+        ledger=strat.ledger.state_dict(),
+        pre=strat.pre_sync,
+        post=strat.post_sync,
+        total=strat.ledger.total,
+        low=[tuple(p.shape) for n, p in model.model.named_parameters() if n in model.low_rank_names],
+        P=sum(p.numel() for p in model.parameters()),
+    )
     # check 3 (Nesterov with outer lr 1, momentum 0 == averaging)
     strat = RecordingStrategy(mode="diloco", sync_every=4, outer="nesterov", outer_lr=1.0, outer_momentum=0.0)
     fit(strat, LoRDOLMModule(**TINY, optimizer="adamw"), 4)
@@ -109,13 +131,24 @@ def worker(rank: int, port: int, out: str) -> None:
     x, y = ddp_data()
     model = LinearSGD()
     strat = LoRDOStrategy(mode="ddp")
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strat, max_steps=5, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        use_distributed_sampler=False)
-    shard = list(zip(x[:, rank * 8:(rank + 1) * 8], y[:, rank * 8:(rank + 1) * 8]))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strat,
+        max_steps=5,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
+    shard = list(zip(x[:, rank * 8 : (rank + 1) * 8], y[:, rank * 8 : (rank + 1) * 8]))
     trainer.fit(model, DataLoader(shard, batch_size=None))
-    res["ddp"] = dict(params=parameters_to_vector(model.parameters()).detach().clone(), total=strat.ledger.total,
-                      P=sum(p.numel() for p in model.parameters()))
+    res["ddp"] = dict(
+        params=parameters_to_vector(model.parameters()).detach().clone(),
+        total=strat.ledger.total,
+        P=sum(p.numel() for p in model.parameters()),
+    )
     # check 5: stagnation with omega = 1 (weight decay 0, EF on), and its absence with omega = 0.97
     for omega in (1.0, 0.97):
         strat = LoRDOStrategy(mode="lordo", sync_every=4)
@@ -132,9 +165,13 @@ def worker(rank: int, port: int, out: str) -> None:
     model = LoRDOLMModule(**TINY)
     fit(strat, model, 24, [rec], ckpt_path=ckpt, root=root)
     opt = model.trainer.optimizers[0]
-    res["resumed"] = dict(sync_steps=rec.sync_steps, total=strat.ledger.total, inner_step=strat.inner_step,
-                          has_projectors=opt.projectors_ready(),
-                          saved_inner=torch.load(ckpt, weights_only=True)["lowcomm"]["inner_step"])
+    res["resumed"] = dict(
+        sync_steps=rec.sync_steps,
+        total=strat.ledger.total,
+        inner_step=strat.inner_step,
+        has_projectors=opt.projectors_ready(),
+        saved_inner=torch.load(ckpt, weights_only=True)["lowcomm"]["inner_step"],
+    )
     torch.save(res, os.path.join(out, f"rank{rank}.pt"))
 
 
@@ -158,7 +195,9 @@ def test_no_per_step_traffic_and_bitwise_equal_after_sync(ranks):
     assert a["ledger"]["calls"].get("pseudo_gradient") == 3 and "gradient" not in a["ledger"]["calls"]
     assert not torch.equal(a["params"][1], b["params"][1])
     for step in (8, 16, 24):
-        assert torch.equal(a["params"][step], b["params"][step]), f"ranks differ right after the sync at {step}"
+        assert torch.equal(a["params"][step], b["params"][step]), (
+            f"ranks differ right after the sync at {step}"
+        )
 
 
 def test_averaging_identity(ranks):

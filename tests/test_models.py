@@ -1,7 +1,6 @@
 import pytest
 import torch
-
-from lit_modules.common.models import TinyCNN, TinyGPT, TinyViT, tiny_llama
+from litlab.lit_modules.core.models import TinyCNN, TinyGPT, TinyViT, tiny_llama
 
 
 def test_tiny_gpt_shapes_and_adapter_target_names():

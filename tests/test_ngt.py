@@ -7,10 +7,9 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from litlab.lit_modules.rl.ngt import NGT
+from litlab.lit_modules.rl.random_prior import RandomPriorPotential, RewardShaper, hl_gauss_targets
 from scipy.stats import norm
-
-from lit_modules.common.rl.random_prior import RandomPriorPotential, RewardShaper, hl_gauss_targets
-from lit_modules.ngt import NGT
 
 ROOT = Path(__file__).resolve().parent.parent
 GAIN = math.sqrt(2 / (1 + 0.2**2))
@@ -22,19 +21,39 @@ def _linears(net):
 
 # ---- §7.1 frozen prior ----------------------------------------------------------------------------
 def test_prior_frozen_predictor_trained_over_200_iterations():
-    from datamodules.rl import RLDataModule
+    from litlab.datamodules.rl import RLDataModule
 
     L.seed_everything(1, verbose=False)
-    dm = RLDataModule(env_id="Pendulum-v1", dataset_level="expert", num_demos=1, subsampling_rate=10,
-                      subsampling_offset=3, n_online_steps=250, obs_scale=[1.0, 1.0, 8.0])
-    model = NGT(reward_hidden=[32, 32], out_emb_dim=16, hidden=[32, 32], batch_size=32, expert_batch_size=32,
-                learning_starts=50, reward_lr=1e-3)
+    dm = RLDataModule(
+        env_id="Pendulum-v1",
+        dataset_level="expert",
+        num_demos=1,
+        subsampling_rate=10,
+        subsampling_offset=3,
+        n_online_steps=250,
+        obs_scale=[1.0, 1.0, 8.0],
+    )
+    model = NGT(
+        reward_hidden=[32, 32],
+        out_emb_dim=16,
+        hidden=[32, 32],
+        batch_size=32,
+        expert_batch_size=32,
+        learning_starts=50,
+        reward_lr=1e-3,
+    )
     dm.setup("fit")
     model.build(dm.obs_dim, dm.act_dim)
     prior0 = {k: v.clone() for k, v in model.reward_net.prior.named_parameters()}
     pred0 = {k: v.clone() for k, v in model.reward_net.predictor.named_parameters()}
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, dm)
     assert dm.env_steps == 250  # 200 learning iterations after 50 random steps
     for k, v in model.reward_net.prior.named_parameters():
@@ -107,8 +126,11 @@ def _batches(seed=0):
     g = torch.Generator().manual_seed(seed)
 
     def make(shift):
-        return {"obs": torch.randn(64, 3, generator=g) + shift, "act": torch.rand(64, 1, generator=g) * 2 - 1,
-                "next_obs": torch.randn(64, 3, generator=g)}
+        return {
+            "obs": torch.randn(64, 3, generator=g) + shift,
+            "act": torch.rand(64, 1, generator=g) * 2 - 1,
+            "next_obs": torch.randn(64, 3, generator=g),
+        }
 
     return make(0.0), make(1.5)
 
@@ -195,7 +217,9 @@ def test_reward_shapings():
     mid = 100
     assert torch.allclose(out[mid - 50 : mid], -out[mid + 1 : mid + 51].flip(0), atol=1e-4)  # odd in u
     assert (out.diff() <= 0).all() and (out[:60].diff() < 0).all()
-    assert RewardShaper("linear")(torch.tensor([0.0, 1.0, 2.0])).tolist() == pytest.approx([0.5556, 0.0, -0.5556], abs=1e-3)
+    assert RewardShaper("linear")(torch.tensor([0.0, 1.0, 2.0])).tolist() == pytest.approx(
+        [0.5556, 0.0, -0.5556], abs=1e-3
+    )
 
 
 def test_rewards_are_recomputed_with_the_current_predictor():
@@ -221,15 +245,30 @@ def test_effect_ngt_beats_red_from_20_transitions():
 
 def test_running_obs_normaliser_path_and_state_only_input():
     """Full-scale configs use ``obs_norm`` (shared running mean/std) and the ``ss`` variant uses x = [s; s']."""
-    from datamodules.rl import RLDataModule
+    from litlab.datamodules.rl import RLDataModule
 
     L.seed_everything(1, verbose=False)
-    dm = RLDataModule(env_id="Pendulum-v1", dataset_level="expert", num_demos=1, subsampling_rate=10,
-                      n_online_steps=60)
-    model = NGT(input_mode="ss", obs_norm=True, reward_hidden=[16, 16], out_emb_dim=8, hidden=[16, 16],
-                batch_size=16, expert_batch_size=16, learning_starts=30)
-    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    dm = RLDataModule(
+        env_id="Pendulum-v1", dataset_level="expert", num_demos=1, subsampling_rate=10, n_online_steps=60
+    )
+    model = NGT(
+        input_mode="ss",
+        obs_norm=True,
+        reward_hidden=[16, 16],
+        out_emb_dim=8,
+        hidden=[16, 16],
+        batch_size=16,
+        expert_batch_size=16,
+        learning_starts=30,
+    )
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, dm)
     assert model.obs_rms.count.item() == pytest.approx(60, abs=1e-3)
     obs = dm.online.data["obs"][:60].double()

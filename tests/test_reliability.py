@@ -9,20 +9,35 @@ import time
 from pathlib import Path
 
 import pytest
+from litlab.lit_modules.core.errors import CheckpointError
 
 from litlab.cli import LitlabCLI
-from litlab.runs import CheckpointError, SafeCheckpointIO
+from litlab.runs import SafeCheckpointIO
 
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = ["fit", f"--config={ROOT / 'configs/lokra/matrix.yaml'}", "--model.init_args.mode=lokra",
-        "--model.init_args.lam=0.01", "--trainer.max_steps=600", "--data.init_args.steps_per_epoch=50",
-        "--trainer.deterministic=true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+ARGS = [
+    "fit",
+    f"--config={ROOT / 'configs/lokra/matrix.yaml'}",
+    "--model.init_args.mode=lokra",
+    "--model.init_args.lam=0.01",
+    "--trainer.max_steps=600",
+    "--data.init_args.steps_per_epoch=50",
+    "--trainer.deterministic=true",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
 
 
 def litlab(args, runs_dir, **popen):
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "litlab", *args, f"--runs_dir={runs_dir}"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "litlab", *args, f"--runs_dir={runs_dir}"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
 
 
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
@@ -63,7 +78,14 @@ def test_truncated_checkpoint_gives_a_clear_error(tmp_path):
     data = last.read_bytes()
     last.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
-        LitlabCLI(args=[*ARGS, "--trainer.max_steps=200", f"--runs_dir={tmp_path}", "--run_id=" + cli.run_dir.name,
-                        "--ckpt_path=last"])
+        LitlabCLI(
+            args=[
+                *ARGS,
+                "--trainer.max_steps=200",
+                f"--runs_dir={tmp_path}",
+                "--run_id=" + cli.run_dir.name,
+                "--ckpt_path=last",
+            ]
+        )
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         LitlabCLI(args=[*ARGS, f"--runs_dir={tmp_path}", f"--ckpt_path={last}"])

@@ -4,8 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
+from litlab.lit_modules.core.errors import CardError
 
-from litlab.cards import CardError, evaluate, load_card, split_clauses
+from litlab.cards import evaluate, load_card, split_clauses
 from litlab.repro import main as repro_main
 from litlab.repro import override_args, reproduce
 
@@ -69,11 +70,17 @@ def test_command_writes_report_and_exit_code_follows_expectation(tmp_path, capsy
 
 def ratio_hook(res, out_dir):
     """A report hook as a card names it: reads each seed's run folder, writes a figure, derives a number."""
-    lora = [json.loads((Path(r["run_dir"]) / "summary.json").read_text())["metrics"]["val/rel_err"]
-            for r in res["runs"]["lora"]["runs"]]
+    lora = [
+        json.loads((Path(r["run_dir"]) / "summary.json").read_text())["metrics"]["val/rel_err"]
+        for r in res["runs"]["lora"]["runs"]
+    ]
     figure = out_dir / "extra.png"
     figure.write_bytes(b"png")
-    return {"figures": [figure], "markdown": "## Extra section", "numbers": {"plus_over_lora": res["runs"]["plus"]["mean"] / lora[0]}}
+    return {
+        "figures": [figure],
+        "markdown": "## Extra section",
+        "numbers": {"plus_over_lora": res["runs"]["plus"]["mean"] / lora[0]},
+    }
 
 
 def test_report_hook_adds_figures_sections_and_recorded_numbers(tmp_path):
@@ -112,15 +119,26 @@ def test_the_shipped_lokra_card_is_valid_and_recorded():
     assert set(card.recorded["results"]) == set(card.runs_for("quick"))
 
 
-@pytest.mark.parametrize("mutation,message", [
-    (("metric: {name: val/rel_err, mode: min}", "metric: {name: val/rel_err, mode: lowest}"), "metric.mode"),
-    (("venue: test", "venue: test\nauthor: me"), "unknown keys \\['author'\\]"),
-    (("plus_rank:", "plus-rank:"), "must be an identifier"),
-    (('"plus < lora - 0.1 and plus_rank > 8"', '"plus < lorra"'), "unknown runs \\['lorra'\\]"),
-    (("claim: LoKRA+ fits a diagonal target that LoRA cannot.\n", ""), "missing required key 'claim'"),
-    (("    config: configs/lokra/matrix.yaml\n    overrides: {model.init_args.mode: lora,",
-      "    overrides: {model.init_args.mode: lora,"), "runs.lora needs a 'config'"),
-])
+@pytest.mark.parametrize(
+    "mutation,message",
+    [
+        (
+            ("metric: {name: val/rel_err, mode: min}", "metric: {name: val/rel_err, mode: lowest}"),
+            "metric.mode",
+        ),
+        (("venue: test", "venue: test\nauthor: me"), "unknown keys \\['author'\\]"),
+        (("plus_rank:", "plus-rank:"), "must be an identifier"),
+        (('"plus < lora - 0.1 and plus_rank > 8"', '"plus < lorra"'), "unknown runs \\['lorra'\\]"),
+        (("claim: LoKRA+ fits a diagonal target that LoRA cannot.\n", ""), "missing required key 'claim'"),
+        (
+            (
+                "    config: configs/lokra/matrix.yaml\n    overrides: {model.init_args.mode: lora,",
+                "    overrides: {model.init_args.mode: lora,",
+            ),
+            "runs.lora needs a 'config'",
+        ),
+    ],
+)
 def test_card_validation_names_the_problem(tmp_path, mutation, message):
     bad = write_card(tmp_path, TINY_CARD.replace(*mutation, 1))
     with pytest.raises(CardError, match=message):
@@ -140,9 +158,9 @@ def test_expectation_language():
 
 
 def test_override_args_format():
-    assert override_args({"model.init_args.mode": "lora", "trainer.max_steps": 5, "m.targets": ["q", "v"],
-                          "m.lam": 0.001}) == ["--model.init_args.mode=lora", "--trainer.max_steps=5",
-                                               "--m.targets=[q, v]", "--m.lam=0.001"]
+    assert override_args(
+        {"model.init_args.mode": "lora", "trainer.max_steps": 5, "m.targets": ["q", "v"], "m.lam": 0.001}
+    ) == ["--model.init_args.mode=lora", "--trainer.max_steps=5", "--m.targets=[q, v]", "--m.lam=0.001"]
 
 
 def test_full_scale_offline_stops_at_once_with_what_is_missing(tmp_path, capsys, monkeypatch):
@@ -158,16 +176,22 @@ def test_invalid_card_path_is_reported(tmp_path, capsys):
 
 
 def test_optional_runs_need_all_and_their_clauses_are_skipped(tmp_path):
-    text = TINY_CARD.replace("    metric: val/delta_rank\n", "    metric: val/delta_rank\n    optional: true\n")
+    text = TINY_CARD.replace(
+        "    metric: val/delta_rank\n", "    metric: val/delta_rank\n    optional: true\n"
+    )
     path = write_card(tmp_path, text)
     card = load_card(path)
     res = reproduce(card, seeds=[0], out_root=tmp_path / "repro")
     assert "plus_rank" not in res["runs"] and res["passed"] is True
     assert [c.get("skipped", False) for c in res["clauses"]] == [False, True]
     repro_main([str(path), "--out", str(tmp_path / "repro"), "--seeds", "0", "--record"])
-    repro_main([str(path), "--out", str(tmp_path / "repro"), "--seeds", "0", "--only", "plus_rank", "--record"])
+    repro_main(
+        [str(path), "--out", str(tmp_path / "repro"), "--seeds", "0", "--only", "plus_rank", "--record"]
+    )
     recorded = load_card(path).recorded["results"]
-    assert set(recorded) == {"lora", "plus", "plus_rank"} and "from" in recorded["lora"]  # earlier numbers kept
+    assert (
+        set(recorded) == {"lora", "plus", "plus_rank"} and "from" in recorded["lora"]
+    )  # earlier numbers kept
     full = reproduce(card, seeds=[0], out_root=tmp_path / "repro", include_optional=True)
     assert full["runs"]["plus_rank"]["mean"] == 64.0 and full["passed"] is True
 
@@ -179,6 +203,8 @@ def test_jobs_run_in_worker_processes_with_the_same_numbers(tmp_path):
     assert all(r["reused"] for r in parallel["runs"]["plus_rank"]["runs"])  # shares `plus`'s run
     assert (tmp_path / "par" / "tiny" / "logs" / "lora-s0.log").exists()
     serial = reproduce(card, seeds=[0], out_root=tmp_path / "ser")
-    assert {n: r["values"] for n, r in parallel["runs"].items()} == {n: r["values"] for n, r in serial["runs"].items()}
+    assert {n: r["values"] for n, r in parallel["runs"].items()} == {
+        n: r["values"] for n, r in serial["runs"].items()
+    }
     again = reproduce(card, seeds=[0], out_root=tmp_path / "par", jobs=2)
     assert all(r["reused"] for run in again["runs"].values() for r in run["runs"])

@@ -4,21 +4,37 @@ is missing (MuJoCo, or the locally generated D4RL-layout data set), when it is m
 from pathlib import Path
 
 import pytest
+from litlab.lit_modules.core.errors import ResourceUnavailableError
 
-from lit_modules.common.hf import ResourceUnavailableError
 from litlab.cli import LitlabCLI
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOKE = ["configs/dare/quick.yaml", "configs/dare/diffusion.yaml", "configs/ngt/quick.yaml", "configs/ngt/bc.yaml",
-         "configs/ngt/exp_shaping.yaml"]
-FULL = ["configs/dare/full.yaml", "configs/ngt/full.yaml", "configs/ngt/humanoid_hlg.yaml",
-        "configs/ngt/hopper_state_only.yaml"]
+SMOKE = [
+    "configs/dare/quick.yaml",
+    "configs/dare/diffusion.yaml",
+    "configs/ngt/quick.yaml",
+    "configs/ngt/bc.yaml",
+    "configs/ngt/exp_shaping.yaml",
+]
+FULL = [
+    "configs/dare/full.yaml",
+    "configs/ngt/full.yaml",
+    "configs/ngt/humanoid_hlg.yaml",
+    "configs/ngt/hopper_state_only.yaml",
+]
 
 
 @pytest.mark.parametrize("config", SMOKE)
 def test_quick_variants_smoke_run(config, tmp_path):
-    cli = LitlabCLI(args=["fit", f"--config={ROOT / config}", "--trainer.fast_dev_run=true", f"--runs_dir={tmp_path}",
-                          "--trainer.enable_progress_bar=false"])
+    cli = LitlabCLI(
+        args=[
+            "fit",
+            f"--config={ROOT / config}",
+            "--trainer.fast_dev_run=true",
+            f"--runs_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
     assert cli.trainer.state.finished and cli.trainer.global_step >= 1
 
 

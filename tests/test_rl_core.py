@@ -8,13 +8,13 @@ import h5py
 import numpy as np
 import pytest
 import torch
-
-from lit_modules.common.rl.d4rl_io import episode_returns, load_dataset, read_metadata, write_d4rl
-from lit_modules.common.rl.envs import Collector, EnvUnavailableError, evaluate, make_env
-from lit_modules.common.rl.factory import make_dataset, pendulum_swingup
-from lit_modules.common.rl.nets import TanhGaussianActor
-from lit_modules.common.rl.replay import ReplayBuffer
-from lit_modules.common.rl.scores import D4RL_REF_SCORES, normalized_score, ref_returns
+from litlab.lit_modules.core.errors import EnvUnavailableError
+from litlab.lit_modules.rl.d4rl_io import episode_returns, load_dataset, read_metadata, write_d4rl
+from litlab.lit_modules.rl.envs import Collector, evaluate, make_env
+from litlab.lit_modules.rl.factory import make_dataset, pendulum_swingup
+from litlab.lit_modules.rl.nets import TanhGaussianActor
+from litlab.lit_modules.rl.replay import ReplayBuffer
+from litlab.lit_modules.rl.scores import D4RL_REF_SCORES, normalized_score, ref_returns
 
 
 def test_replay_ring_and_weights_only_state_dict():
@@ -46,20 +46,39 @@ def test_tanh_gaussian_log_prob_matches_sample():
 
 
 def test_d4rl_hdf5_roundtrip_keys_and_metadata(tmp_path):
-    path = make_dataset("Pendulum-v1", "medium", n_transitions=450, seed=3, out=tmp_path / "p.hdf5", log=lambda *a: None)
+    path = make_dataset(
+        "Pendulum-v1", "medium", n_transitions=450, seed=3, out=tmp_path / "p.hdf5", log=lambda *a: None
+    )
     with h5py.File(path) as f:  # dare.md §5.1 layout
-        for key in ("observations", "actions", "next_observations", "rewards", "terminals", "timeouts",
-                    "infos/action_log_probs", "metadata/algorithm", "metadata/policy_return", "metadata/env_id",
-                    "metadata/seed"):
+        for key in (
+            "observations",
+            "actions",
+            "next_observations",
+            "rewards",
+            "terminals",
+            "timeouts",
+            "infos/action_log_probs",
+            "metadata/algorithm",
+            "metadata/policy_return",
+            "metadata/env_id",
+            "metadata/seed",
+        ):
             assert key in f, key
-        assert f["observations"].dtype == np.float32 and f["terminals"].dtype == bool and f["timeouts"].dtype == bool
+        assert (
+            f["observations"].dtype == np.float32
+            and f["terminals"].dtype == bool
+            and f["timeouts"].dtype == bool
+        )
     meta = read_metadata(path)
     assert meta["env_id"] == "Pendulum-v1" and meta["seed"] == 3
     data = load_dataset(path)
     assert data["observations"].shape == (450, 3) and data["actions"].shape == (450, 1)
     assert np.abs(data["actions"]).max() <= 1
     assert data["timeouts"].sum() == 3 and not data["terminals"].any()  # 200 + 200 + a cut 50-step episode
-    assert np.allclose(data["next_observations"][:-1][~data["timeouts"][:-1]], data["observations"][1:][~data["timeouts"][:-1]])
+    assert np.allclose(
+        data["next_observations"][:-1][~data["timeouts"][:-1]],
+        data["observations"][1:][~data["timeouts"][:-1]],
+    )
     assert len(episode_returns(data)) == 3
 
 
@@ -75,7 +94,9 @@ def test_minari_layout_loads_through_the_same_reader(tmp_path):
             g["terminations"] = np.r_[np.zeros(T - 1, bool), term]
             g["truncations"] = np.r_[np.zeros(T - 1, bool), not term]
     data = load_dataset(tmp_path)  # a Minari data-set folder works too
-    assert data["observations"].shape == (9, 3) and data["terminals"].sum() == 1 and data["timeouts"].sum() == 1
+    assert (
+        data["observations"].shape == (9, 3) and data["terminals"].sum() == 1 and data["timeouts"].sum() == 1
+    )
     with h5py.File(path) as f:
         assert np.allclose(data["next_observations"][:5], f["episode_0/observations"][1:])
     assert episode_returns(data).tolist() == [5.0, 4.0]
@@ -83,9 +104,17 @@ def test_minari_layout_loads_through_the_same_reader(tmp_path):
 
 def test_old_d4rl_file_without_next_observations(tmp_path):
     obs = np.arange(12, dtype=np.float32).reshape(6, 2)
-    write_d4rl(tmp_path / "old.hdf5", {"observations": obs, "actions": np.zeros((6, 1)), "rewards": np.ones(6),
-                                        "terminals": np.array([0, 0, 1, 0, 0, 0], bool),
-                                        "timeouts": np.array([0, 0, 0, 0, 0, 1], bool)}, {"env_id": "x"})
+    write_d4rl(
+        tmp_path / "old.hdf5",
+        {
+            "observations": obs,
+            "actions": np.zeros((6, 1)),
+            "rewards": np.ones(6),
+            "terminals": np.array([0, 0, 1, 0, 0, 0], bool),
+            "timeouts": np.array([0, 0, 0, 0, 0, 1], bool),
+        },
+        {"env_id": "x"},
+    )
     data = load_dataset(tmp_path / "old.hdf5")
     assert len(data["observations"]) == 5  # the time-limited last row has no s'
     assert np.allclose(data["next_observations"][0], obs[1])
@@ -143,10 +172,18 @@ def test_mujoco_env_builds_or_says_how_to_install():
 
 
 def test_datamodule_subsamples_20_expert_transitions():
-    from datamodules.rl import RLDataModule
+    from litlab.datamodules.rl import RLDataModule
 
-    dm = RLDataModule(env_id="Pendulum-v1", dataset_level="expert", num_demos=1, subsampling_rate=10,
-                      subsampling_offset=3, n_online_steps=10, obs_scale=[1.0, 1.0, 8.0], env_seed=0)
+    dm = RLDataModule(
+        env_id="Pendulum-v1",
+        dataset_level="expert",
+        num_demos=1,
+        subsampling_rate=10,
+        subsampling_offset=3,
+        n_online_steps=10,
+        obs_scale=[1.0, 1.0, 8.0],
+        env_seed=0,
+    )
     dm.setup("fit")
     assert dm.offline_size == 20
     assert torch.equal(dm.offline["episode"], torch.zeros(20, dtype=torch.long))
@@ -158,10 +195,12 @@ def test_datamodule_subsamples_20_expert_transitions():
 
 
 def test_missing_full_scale_dataset_fails_at_once(tmp_path):
-    from datamodules.commonsense import DatasetUnavailableError
-    from datamodules.rl import RLDataModule
+    from litlab.datamodules.rl import RLDataModule
+    from litlab.lit_modules.core.errors import DatasetUnavailableError
 
-    with pytest.raises(DatasetUnavailableError, match="litlab data d4rl --env Pendulum-v1 --level medium-expert"):
+    with pytest.raises(
+        DatasetUnavailableError, match="litlab data d4rl --env Pendulum-v1 --level medium-expert"
+    ):
         RLDataModule(env_id="Pendulum-v1", dataset_level="medium-expert", generate_dataset=False)
     with pytest.raises(DatasetUnavailableError, match="does not exist"):
         RLDataModule(env_id="Pendulum-v1", dataset_path=str(tmp_path / "nope.hdf5"))
@@ -181,7 +220,7 @@ def test_litlab_data_d4rl_command(tmp_path, capsys):
 
 
 def test_loop_benchmark_runs_both_loops():
-    from lit_modules.common.rl.benchmark import benchmark
+    from litlab.benchmarks.rl_loop import benchmark
 
     res = benchmark(steps=120, rounds=1, hidden=[16, 16], batch_size=16, learning_starts=40)
     assert res["plain_steps_per_s_cpu"][0] > 0 and res["lightning_steps_per_s_cpu"][0] > 0
@@ -191,8 +230,16 @@ def test_loop_benchmark_runs_both_loops():
 def test_sac_route_of_the_data_factory(tmp_path):
     """The route used for MuJoCo tasks (SAC trained here, medium = first snapshot at 1/3 of the expert return),
     exercised on Pendulum with a tiny budget: the pipeline, not the policy quality."""
-    path = make_dataset("Pendulum-v1", "medium-replay", n_transitions=200, policy="sac", sac_steps=300,
-                        out=tmp_path / "mr.hdf5", log=lambda *a: None, ref_episodes=3)
+    path = make_dataset(
+        "Pendulum-v1",
+        "medium-replay",
+        n_transitions=200,
+        policy="sac",
+        sac_steps=300,
+        out=tmp_path / "mr.hdf5",
+        log=lambda *a: None,
+        ref_episodes=3,
+    )
     data = load_dataset(path)
     assert len(data["observations"]) <= 300 and data["timeouts"][-1]
     assert "SAC" in read_metadata(path)["algorithm"]

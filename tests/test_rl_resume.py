@@ -14,18 +14,31 @@ from litlab.runs import SafeCheckpointIO
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE, ONLINE = 100, 500
-ARGS = ["fit", f"--config={ROOT / 'configs/dare/quick.yaml'}", f"--data.init_args.n_offline_steps={OFFLINE}",
-        f"--data.init_args.n_online_steps={ONLINE}", "--model.init_args.hidden=[32, 32]",
-        "--model.init_args.batch_offline=32", "--model.init_args.batch_online=32",
-        "--trainer.callbacks.init_args.every_n_iterations=200", "--trainer.callbacks.init_args.n_episodes=1",
-        "--trainer.callbacks.init_args.checkpoint_every_n_iterations=100", "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false"]
+ARGS = [
+    "fit",
+    f"--config={ROOT / 'configs/dare/quick.yaml'}",
+    f"--data.init_args.n_offline_steps={OFFLINE}",
+    f"--data.init_args.n_online_steps={ONLINE}",
+    "--model.init_args.hidden=[32, 32]",
+    "--model.init_args.batch_offline=32",
+    "--model.init_args.batch_online=32",
+    "--trainer.callbacks.init_args.every_n_iterations=200",
+    "--trainer.callbacks.init_args.n_episodes=1",
+    "--trainer.callbacks.init_args.checkpoint_every_n_iterations=100",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
 
 
 def litlab(args, runs_dir):
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "litlab", *args, f"--runs_dir={runs_dir}"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "litlab", *args, f"--runs_dir={runs_dir}"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def dm_state(path):
@@ -48,7 +61,8 @@ def test_sigkill_in_online_phase_then_resume(tmp_path):
                 break
         time.sleep(0.1)
     assert state is not None and state["iteration"] >= OFFLINE + 200, (
-        proc.communicate()[0][-3000:] if proc.poll() is not None else "no online checkpoint in time")
+        proc.communicate()[0][-3000:] if proc.poll() is not None else "no online checkpoint in time"
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     run_dir = last.parent.parent
@@ -56,7 +70,10 @@ def test_sigkill_in_online_phase_then_resume(tmp_path):
     state = dm_state(last)  # the file as the kill left it
     killed_iter, killed_env_steps = state["iteration"], state["collector"]["env_steps"]
     assert killed_iter < OFFLINE + ONLINE and killed_env_steps == killed_iter - OFFLINE
-    assert state["online"]["size"] == killed_env_steps and state["online"]["obs"].shape == (killed_env_steps, 3)
+    assert state["online"]["size"] == killed_env_steps and state["online"]["obs"].shape == (
+        killed_env_steps,
+        3,
+    )
 
     resumed = litlab([*ARGS, "--ckpt_path=last"], runs)
     output = resumed.communicate(timeout=600)[0]

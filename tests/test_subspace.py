@@ -3,9 +3,7 @@ LoDA's energy objectives and recalibration (loda.md §7.1–7.3), adapter core's
 
 import pytest
 import torch
-
-from lit_modules.common.adapters import AdapterLinear
-from lit_modules.common.subspace import (
+from litlab.lit_modules.continual.subspace import (
     SubspaceMemory,
     general_basis,
     isolated_basis,
@@ -15,15 +13,18 @@ from lit_modules.common.subspace import (
     top_eigvecs,
     violation_ratio,
 )
+from litlab.lit_modules.core.adapters import AdapterLinear
 
 
 def _orthonormal(d, k, seed):
-    return torch.linalg.qr(torch.randn(d, k, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))[0]
+    return torch.linalg.qr(
+        torch.randn(d, k, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    )[0]
 
 
 def _known_spectrum(d=20, seed=0):
     U = _orthonormal(d, d, seed)
-    lam = torch.tensor([2.0 ** -i for i in range(d)], dtype=torch.float64)
+    lam = torch.tensor([2.0**-i for i in range(d)], dtype=torch.float64)
     return U, lam, U @ torch.diag(lam) @ U.T
 
 
@@ -74,7 +75,11 @@ def _gr_tensors(seed=0, d_in=32, d_out=24, r=4, k=10, protected_A=False):
     A0 = torch.randn(r, d_in, generator=g)
     if protected_A:
         A0 = A0 - (A0 @ V) @ V.T
-    B0, dA, dB = torch.randn(d_out, r, generator=g), torch.randn(r, d_in, generator=g), torch.randn(d_out, r, generator=g)
+    B0, dA, dB = (
+        torch.randn(d_out, r, generator=g),
+        torch.randn(r, d_in, generator=g),
+        torch.randn(d_out, r, generator=g),
+    )
     return A0, B0, A0 + 0.1 * dA, B0 + 0.1 * dB, V
 
 
@@ -130,7 +135,7 @@ def _spd(d, seed, scale=1.0):
 
 def test_general_basis_rows_and_energy():
     M_prev, M_cur, r = _spd(16, 0), _spd(16, 1), 4
-    A_S = general_basis(M_cur, M_prev, r).T / 3 ** 0.5
+    A_S = general_basis(M_cur, M_prev, r).T / 3**0.5
     assert torch.allclose(A_S @ A_S.T, torch.eye(r, dtype=torch.float64) / 3, atol=1e-6)
     top = torch.linalg.eigvalsh(M_prev + M_cur).flip(0)[:r].sum()
     assert torch.trace(A_S @ (M_prev + M_cur) @ A_S.T) == pytest.approx(float(top) / 3, abs=1e-5)
@@ -149,28 +154,37 @@ def test_isolated_basis_is_the_generalized_eigenproblem():
     # QR keeps the span: principal angles ~ 0
     cosines = torch.linalg.svdvals(Q.T @ torch.linalg.qr(U)[0])
     assert torch.allclose(cosines, torch.ones(r, dtype=torch.float64), atol=1e-5)
+
     # the subspace's quotient (trace ratio in the M_prev metric) beats 100 random orthonormal r-frames
     def score(W):
         return float(torch.trace(torch.linalg.solve(W.T @ Mp @ W, W.T @ M_cur @ W)))
+
     g = torch.Generator().manual_seed(7)
-    assert all(score(Q) >= score(torch.linalg.qr(torch.randn(16, r, generator=g, dtype=torch.float64))[0])
-               for _ in range(100))
+    assert all(
+        score(Q) >= score(torch.linalg.qr(torch.randn(16, r, generator=g, dtype=torch.float64))[0])
+        for _ in range(100)
+    )
 
 
 def test_recalibration_closed_form():
     M_prev, M_cur, gamma = _spd(12, 4), _spd(12, 5), 3.0
     A = torch.randn(4, 12, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     c = recalibration_coeff(A, M_prev, M_cur, gamma)
+
     def objective(x, a):
-        return x ** 2 * (a @ M_prev @ a) + gamma * (x - 1) ** 2 * (a @ M_cur @ a)
+        return x**2 * (a @ M_prev @ a) + gamma * (x - 1) ** 2 * (a @ M_cur @ a)
 
     for i in range(4):
         a, h = A[i], 1e-6
         slope = (objective(c[i] + h, a) - objective(c[i] - h, a)) / (2 * h)
         assert abs(float(slope)) < 1e-6 * float(a @ M_cur @ a + a @ M_prev @ a)
-    assert torch.allclose(recalibration_coeff(A, 1e-12 * M_prev, M_cur, gamma), torch.ones(4, dtype=torch.float64), atol=1e-9)
-    assert torch.equal(recalibration_coeff(A, torch.zeros(12, 12, dtype=torch.float64), M_cur, gamma),
-                       torch.ones(4, dtype=torch.float64))  # t = 0: M_prev = 0 gives c = 1 exactly
+    assert torch.allclose(
+        recalibration_coeff(A, 1e-12 * M_prev, M_cur, gamma), torch.ones(4, dtype=torch.float64), atol=1e-9
+    )
+    assert torch.equal(
+        recalibration_coeff(A, torch.zeros(12, 12, dtype=torch.float64), M_cur, gamma),
+        torch.ones(4, dtype=torch.float64),
+    )  # t = 0: M_prev = 0 gives c = 1 exactly
 
 
 def test_top_eigvecs_bad_rank():

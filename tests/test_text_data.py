@@ -1,8 +1,8 @@
 import pytest
 import torch
-
-from datamodules.bundled import load_bundled
-from datamodules.text import _CORPUS_CACHE, CharTokenizer, LocalTextDataModule, local_text_corpus
+from litlab.datamodules.bundled import load_bundled
+from litlab.datamodules.text import LocalTextDataModule
+from litlab.lit_modules.core.corpus import _CORPUS_CACHE, CharTokenizer, local_text_corpus
 
 
 def test_corpus_is_large_and_deterministic():

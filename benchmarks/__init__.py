@@ -1,0 +1,5 @@
+"""Timings, run with ``litlab bench <name> [args]``: each module here has ``main(argv) -> int``.
+
+``kernels`` (the Triton kernels against SDPA / cuBLAS / their PyTorch references, GPU), ``rl_loop`` (a Lightning RL
+loop against the same loop in plain PyTorch). Numbers from these never decide a card's claim.
+"""

@@ -1,0 +1,516 @@
+"""Continual LoRA on one protocol: the shared LightningModule and the baselines (_lora_core.md §6).
+
+``SequentialLoRA`` is the harness every continual method extends, and itself the unprotected baseline:
+
+    frozen backbone (TinyViT, pre-trained locally without labels) + LoRA on ``targets``
+    train:  masked cosine CE on the current task's classes (cumulative data → joint-training upper bound)
+    eval:   NCM prototypes μ_c = normalize(mean z) of each class, stored right after its task (exemplar-free)
+
+One ``fit`` walks the tasks (``litlab.datamodules.continual.ContinualDataModule``: task t owns epochs
+[t·E, (t+1)·E)). The module calls ``on_task_start(t, dm)`` at the first epoch of a task and
+``on_task_end(t, dm)`` at its last, then every callback's ``on_task_end(trainer, module, t)`` (the accuracy
+matrix), all before that epoch's checkpoint, so ``--ckpt_path last`` resumes cleanly. Optimisation is manual:
+``cl_step`` = loss → backward → ``transform_grads`` (GPM-style hooks) → step → ``update_transform``
+(Janus-LoRA's rectification) on a snapshot of the factors.
+
+Baselines built from the same core: ``LoRAGPM`` (online input bases, A-gradients projected, B free),
+``InfLoRA`` (per-task branch, A = top eigenvectors of P M_cur P, B trained, folded in), ``OLoRA`` (per-task
+branch with the orthogonality penalty Σ|A_old A_tᵀ| of O-LoRA, folded in). Joint training is ``SequentialLoRA``
+with ``data.init_args.cumulative: true``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from litlab.lit_modules.continual.backbones import (
+    HFViTFeatures,
+    TinyGPTFeatures,
+    check_backbone_available,
+    pretrained_backbone,
+)
+from litlab.lit_modules.continual.subspace import SubspaceMemory, top_eigvecs, violation_ratio
+from litlab.lit_modules.core.adapters import (
+    AdapterLinear,
+    adapter_parameters,
+    inject_adapters,
+    snapshot_factors,
+    transform_adapter_grads,
+    transform_adapter_updates,
+)
+from torch import Tensor, nn
+
+
+class SequentialLoRA(L.LightningModule):
+    """One LoRA per target layer trained over all tasks with no protection (the lower baseline)."""
+
+    rectifies_updates = False  # Janus-LoRA sets this: snapshot factors before every step
+
+    def __init__(
+        self,
+        targets: list[str] | str = ["qkv", "fc1"],
+        rank: int = 4,
+        alpha: float = 4.0,  # noqa: B006
+        lr: float = 0.01,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        head_scale: float = 16.0,
+        eval_head: Literal["ncm", "cosine"] = "ncm",
+        width: int = 64,
+        depth: int = 2,
+        heads: int = 4,
+        mlp_dim: int = 128,
+        pretrain_epochs: int = 30,
+        pretrain_lr: float = 3e-3,
+        factor_dtype: Literal["float32", "float64"] = "float32",
+        backbone: str = "tinyvit",
+        optimizer: Literal["sgd", "adam"] = "sgd",
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        check_backbone_available(backbone)
+        if eval_head not in ("ncm", "cosine"):
+            raise ValueError(f"eval_head must be 'ncm' or 'cosine', got {eval_head!r}")
+        if optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {optimizer!r}")
+        if factor_dtype not in ("float32", "float64"):
+            raise ValueError(f"factor_dtype must be 'float32' or 'float64', got {factor_dtype!r}")
+        self.automatic_optimization = False
+        self.adapted: dict[str, AdapterLinear] = {}
+        self.task = -1
+        self._standalone_opt: torch.optim.Optimizer | None = None
+        self.register_buffer("proto_means", torch.zeros(0, width), persistent=False)
+        self.register_buffer("proto_labels", torch.zeros(0, dtype=torch.long), persistent=False)
+        self.proto_tasks = torch.zeros(0, dtype=torch.long)
+        self.register_buffer("class_mask", torch.zeros(0, dtype=torch.bool), persistent=False)
+
+    # ---- construction (needs the data: input shape, class count) ---------------------------------
+    def setup(self, stage: str) -> None:
+        if not self.adapted:
+            self.build(self.trainer.datamodule)
+
+    def build(self, dm) -> None:
+        hp = self.hparams
+        dm.setup("fit")
+        if hp.backbone == "tinyvit" and dm.input_kind == "text":  # text toy: a locally pre-trained char LM
+            self.backbone = TinyGPTFeatures(hp.width)
+        elif hp.backbone == "tinyvit":  # CPU toy: pre-trained here without labels, cached
+            self.backbone = pretrained_backbone(
+                dm.pretext_inputs,
+                dm.input_kind,
+                hp.width,
+                hp.depth,
+                hp.heads,
+                hp.mlp_dim,
+                hp.pretrain_epochs,
+                hp.pretrain_lr,
+            )
+        else:  # full scale: a Hugging Face ViT (id or local folder)
+            self.backbone = HFViTFeatures(hp.backbone)
+            if self.backbone.width != hp.width:
+                raise ValueError(
+                    f"model.init_args.width={hp.width} but {hp.backbone} has hidden size "
+                    f"{self.backbone.width}: set width to it"
+                )
+        self.backbone.requires_grad_(False)
+        self.adapted = self.inject(self.backbone)
+        if (
+            hp.factor_dtype == "float64"
+        ):  # exact-arithmetic witness of the subspace invariants on small models
+            for layer in self.adapted.values():
+                for b in layer.branches.values():
+                    for p in b.factors().values():
+                        p.data = p.data.double()
+        self.head = nn.Parameter(torch.randn(dm.num_classes, hp.width) * 0.02)  # cosine classifier rows w_c
+        self.class_mask = torch.zeros(dm.num_classes, dtype=torch.bool)
+
+    def inject(self, backbone: nn.Module) -> dict[str, AdapterLinear]:
+        hp = self.hparams
+        targets = hp.targets if isinstance(hp.targets, str) else list(hp.targets)
+        return dict(inject_adapters(backbone, targets, rank=hp.rank, alpha=hp.alpha))
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        params = adapter_parameters(self.adapted) + [self.head]
+        if hp.optimizer == "adam":  # InfLoRA / Janus-LoRA full-scale protocol (betas 0.9, 0.999)
+            return torch.optim.Adam(params, lr=hp.lr, weight_decay=hp.weight_decay)
+        return torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+
+    def _optimizer(self):
+        return self._standalone_opt if self._standalone_opt is not None else self.optimizers()
+
+    # ---- model ---------------------------------------------------------------------------------
+    def features(self, x: Tensor) -> Tensor:
+        return F.normalize(self.backbone.forward_features(x), dim=-1)
+
+    def cosine_logits(self, z: Tensor) -> Tensor:
+        return z @ F.normalize(self.head, dim=-1).T
+
+    @torch.no_grad()
+    def cl_predict(self, x: Tensor) -> Tensor:
+        """NCM over the prototype bank (labels of the nearest prototypes); the cosine head if the bank is
+        empty (before any task ended) or ``eval_head='cosine'``."""
+        z = self.features(x)
+        if self.hparams.eval_head == "cosine" or self.proto_means.shape[0] == 0:
+            logits = self.cosine_logits(z)
+            if self.class_mask.any() and self.hparams.eval_head == "cosine":
+                logits = logits.masked_fill(~self._seen_mask(), float("-inf"))
+            return logits.argmax(-1)
+        return self.proto_labels[(z @ self.proto_means.T).argmax(-1)]
+
+    def _seen_mask(self) -> Tensor:
+        mask = torch.zeros_like(self.class_mask)
+        mask[self.proto_labels.unique()] = True
+        return mask | self.class_mask
+
+    # ---- one training step ---------------------------------------------------------------------
+    def task_loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Masked cosine CE on the classes of the current task (old logits masked)."""
+        z = self.features(x)
+        logits = (self.hparams.head_scale * self.cosine_logits(z)).masked_fill(
+            ~self.class_mask, float("-inf")
+        )
+        ce = F.cross_entropy(logits, y)
+        return ce, {"loss_ce": ce.detach(), "z": z}
+
+    def loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, logs = self.task_loss(x, y)
+        logs.pop("z")
+        return loss, logs
+
+    def transform_grads(self) -> None:
+        """Between backward and the optimizer step (GPM / InfLoRA / LoDA hooks)."""
+
+    def update_transform(self, module: str, branch_name: str, branch, old: dict, new: dict) -> dict:
+        """Right after the step (Janus-LoRA's rectification): return the factors to keep."""
+        return {}
+
+    def cl_step(self, batch, opt, backward) -> dict[str, Tensor]:
+        x, y = batch
+        loss, logs = self.loss(x, y)
+        opt.zero_grad()
+        backward(loss)
+        self.transform_grads()
+        before = snapshot_factors(self.adapted) if self.rectifies_updates and self.task > 0 else None
+        opt.step()
+        if before is not None:
+            transform_adapter_updates(self.adapted, before, self.update_transform)
+        return {"loss": loss.detach(), **logs}
+
+    def training_step(self, batch, batch_idx: int) -> None:
+        logs = self.cl_step(batch, self._optimizer(), self.manual_backward)
+        self.log_dict({f"train/{k}": v for k, v in logs.items()}, prog_bar=False)
+
+    # ---- task boundaries -----------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        trainer, dm = self.trainer, self.trainer.datamodule
+        want = dm.num_tasks * dm.epochs_per_task
+        if not trainer.fast_dev_run and trainer.max_epochs != want:
+            raise ValueError(
+                f"trainer.max_epochs={trainer.max_epochs} but the task sequence needs "
+                f"num_tasks × epochs_per_task = {dm.num_tasks} × {dm.epochs_per_task} = {want}"
+            )
+
+    def on_train_epoch_start(self) -> None:
+        dm = self.trainer.datamodule
+        if self.current_epoch % dm.epochs_per_task == 0 or self.task < 0:
+            self.on_task_start(dm.task_of_epoch(self.current_epoch), dm)
+
+    def on_train_epoch_end(self) -> None:
+        trainer, dm = self.trainer, self.trainer.datamodule
+        if (self.current_epoch + 1) % dm.epochs_per_task and not trainer.fast_dev_run:
+            return
+        logs = self.on_task_end(self.task, dm)
+        self.log_dict({k: float(v) for k, v in logs.items()})
+        for cb in trainer.callbacks:
+            if hasattr(cb, "on_task_end"):
+                cb.on_task_end(trainer, self, self.task)
+
+    def on_task_start(self, t: int, dm) -> None:
+        self.task = t
+        opt = self._standalone_opt or (self.optimizers() if self._trainer is not None else None)
+        if opt is not None:  # a fresh optimizer state per task: no momentum carries old-task updates over
+            (opt.optimizer if hasattr(opt, "optimizer") else opt).state.clear()
+        self.class_mask = torch.zeros_like(self.class_mask)
+        self.class_mask[dm.train_classes(t)] = True
+
+    def on_task_end(self, t: int, dm) -> dict[str, float]:
+        """Store the prototypes of task t's classes (all seen tasks' when training is cumulative)."""
+        tasks = range(t + 1) if getattr(dm.hparams, "cumulative", False) else [t]
+        for s in tasks:
+            self._store_prototypes(s, dm)
+        return (
+            {"cl/invasion_rate": self.invasion_rate(t, dm)} if t > 0 and dm.scenario_kind == "class" else {}
+        )
+
+    @torch.no_grad()
+    def _store_prototypes(self, t: int, dm) -> None:
+        was = self.training
+        self.eval()
+        zs, ys = [], []
+        for x, y in dm.task_train_loader(t):
+            zs.append(self.features(x.to(self.device)))
+            ys.append(y.to(self.device))
+        z, y = torch.cat(zs), torch.cat(ys)
+        classes = y.unique()
+        means = torch.stack([F.normalize(z[y == c].mean(0), dim=-1) for c in classes])
+        keep = self.proto_tasks.to(self.device) != t  # idempotent when a resumed run redoes a task
+        self.proto_means = torch.cat([self.proto_means[keep], means])
+        self.proto_labels = torch.cat([self.proto_labels[keep], classes])
+        self.proto_tasks = torch.cat([self.proto_tasks[keep.cpu()], torch.full((len(classes),), t)])
+        self.train(was)
+
+    @torch.no_grad()
+    def invasion_rate(self, t: int, dm) -> float:
+        """Fraction of task-t test samples whose nearest prototype belongs to an old class (janus_lora.md §3.5)."""
+        z = torch.cat([self.features(x.to(self.device)) for x, _ in dm.task_test_loader(t)])
+        nearest = (z @ self.proto_means.T).argmax(-1)
+        return float((self.proto_tasks.to(self.device)[nearest] != t).float().mean())
+
+    # ---- input statistics -----------------------------------------------------------------------
+    def set_stats(self, mode: Literal["off", "accumulate"], reset: bool = False) -> None:
+        for layer in self.adapted.values():
+            if reset:
+                layer.reset_stats()
+            layer.stats_mode = mode
+
+    @torch.no_grad()
+    def collect_stats(self, loader) -> dict[str, Tensor]:
+        """One no-grad pass: uncentred second moment E[x xᵀ] of every adapted layer's input (float64)."""
+        was = self.training
+        self.eval()
+        self.set_stats("accumulate", reset=True)
+        for x, _ in loader:
+            self.backbone.forward_features(x.to(self.device))
+        self.set_stats("off")
+        self.train(was)
+        return {n: m.input_second_moment.clone() for n, m in self.adapted.items()}
+
+    # ---- checkpoint: the state that is not a fixed-shape parameter --------------------------------
+    def cl_state(self) -> dict:
+        return {
+            "task": self.task,
+            "proto_means": self.proto_means.cpu(),
+            "proto_labels": self.proto_labels.cpu(),
+            "proto_tasks": self.proto_tasks,
+            "class_mask": self.class_mask.cpu(),
+            "stats": {
+                n: {"C": m.input_second_moment, "n": m.n_tokens, "mode": m.stats_mode}
+                for n, m in self.adapted.items()
+            },
+        }
+
+    def load_cl_state(self, state: dict) -> None:
+        self.task = int(state["task"])
+        self.proto_means, self.proto_labels = (
+            state["proto_means"].to(self.device),
+            state["proto_labels"].to(self.device),
+        )
+        self.proto_tasks, self.class_mask = state["proto_tasks"], state["class_mask"].to(self.device)
+        for n, s in state["stats"].items():
+            m = self.adapted[n]
+            m.input_second_moment, m.n_tokens, m.stats_mode = s["C"], int(s["n"]), s["mode"]
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["continual"] = self.cl_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "continual" in checkpoint:
+            self.load_cl_state(checkpoint["continual"])
+
+
+def _delta64(layer: AdapterLinear) -> Tensor:
+    """Σ_k s_k B_k A_k in float64 (the core's delta_weight rounds to the base weight's dtype)."""
+    return sum(b.delta_weight().detach().double() for b in layer.branches.values())
+
+
+# ---- baselines from the same core ---------------------------------------------------------------------
+class LoRAGPM(SequentialLoRA):
+    """Online input bases V_l (GPM energy rule) and the naive rule G_A ← G_A (I − V Vᵀ), B free.
+
+    Also the bookkeeping Janus-LoRA builds on: the basis memory per layer, its online (or post-hoc) estimation,
+    and the null-space violation ν_l = ‖ΔW_task V_l‖ / ‖ΔW_task‖ logged at every task end."""
+
+    def __init__(
+        self,
+        oe_eps: float = 0.99,
+        oe_source: Literal["online", "post"] = "online",
+        project_A: bool = True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if oe_source not in ("online", "post"):
+            raise ValueError(f"oe_source must be 'online' or 'post', got {oe_source!r}")
+        self.memories: dict[str, SubspaceMemory] = {}
+        self._w_start: dict[str, Tensor] = {}
+
+    def build(self, dm) -> None:
+        super().build(dm)
+        self.memories = {n: SubspaceMemory(m.in_features) for n, m in self.adapted.items()}
+
+    def on_task_start(self, t: int, dm) -> None:
+        super().on_task_start(t, dm)
+        self.set_stats("accumulate" if self.hparams.oe_source == "online" else "off", reset=True)
+        self._w_start = {n: _delta64(m) for n, m in self.adapted.items()}
+
+    def transform_grads(self) -> None:
+        if self.hparams.project_A:
+            transform_adapter_grads(
+                self.adapted,
+                lambda mn, bn, b, g: {"A": self.memories[mn].project_out(g["A"])} if "A" in g else {},
+            )
+
+    def on_task_end(self, t: int, dm) -> dict[str, float]:
+        self.set_stats("off")
+        logs = {
+            "cl/violation_max": max(
+                (
+                    violation_ratio(_delta64(m) - self._w_start.get(n, 0), self.memories[n].V)
+                    for n, m in self.adapted.items()
+                ),
+                default=0.0,
+            )
+        }
+        stats = (
+            self.collect_stats(dm.task_train_loader(t))
+            if self.hparams.oe_source == "post"
+            else {n: m.input_second_moment for n, m in self.adapted.items()}
+        )
+        for n, C in stats.items():
+            self.memories[n].expand(C, self.hparams.oe_eps)
+        logs["cl/basis_dim_mean"] = sum(mem.k for mem in self.memories.values()) / len(self.memories)
+        return {**super().on_task_end(t, dm), **logs}
+
+    def cl_state(self) -> dict:
+        return {
+            **super().cl_state(),
+            "memories": {n: m.state() for n, m in self.memories.items()},
+            "w_start": self._w_start,
+        }
+
+    def load_cl_state(self, state: dict) -> None:
+        super().load_cl_state(state)
+        for n, s in state["memories"].items():
+            self.memories[n].load(s)
+        self._w_start = dict(state.get("w_start", {}))
+
+
+class InfLoRA(SequentialLoRA):
+    """InfLoRA-style (loda.md §5): per task, A = top-r eigenvectors of P M_cur P (P the complement of the GPM
+    basis of old inputs), frozen; B trained from 0; folded into W₀ at the task end; basis grown on the merged
+    model's inputs of the task (energy threshold ``gpm_eps``)."""
+
+    def __init__(self, gpm_eps: float = 0.99, **kwargs):
+        super().__init__(**kwargs)
+        self.memories: dict[str, SubspaceMemory] = {}
+
+    def build(self, dm) -> None:
+        super().build(dm)
+        self.memories = {n: SubspaceMemory(m.in_features) for n, m in self.adapted.items()}
+
+    def on_task_start(self, t: int, dm) -> None:
+        super().on_task_start(t, dm)
+        M_cur = self.collect_stats(dm.task_train_loader(t))
+        with torch.no_grad():
+            for n, layer in self.adapted.items():
+                P = (
+                    torch.eye(layer.in_features, dtype=torch.float64)
+                    - self.memories[n].V @ self.memories[n].V.T
+                )
+                U = top_eigvecs(P @ M_cur[n] @ P, self.hparams.rank)[1]
+                b = layer.branches["default"]
+                b.A.copy_(U.T.to(b.A))
+                b.B.zero_()
+
+    def transform_grads(self) -> None:
+        transform_adapter_grads(self.adapted, lambda mn, bn, b, g: {"A": None})  # down-projections stay fixed
+
+    def on_task_end(self, t: int, dm) -> dict[str, float]:
+        for layer in self.adapted.values():
+            layer.fold_in("default")
+        for n, C in self.collect_stats(dm.task_train_loader(t)).items():
+            self.memories[n].expand(C, self.hparams.gpm_eps)
+        return super().on_task_end(t, dm)
+
+    def cl_state(self) -> dict:
+        return {**super().cl_state(), "memories": {n: m.state() for n, m in self.memories.items()}}
+
+    def load_cl_state(self, state: dict) -> None:
+        super().load_cl_state(state)
+        for n, s in state["memories"].items():
+            self.memories[n].load(s)
+
+
+class OLoRA(SequentialLoRA):
+    """O-LoRA-style: a fresh LoRA per task, L = CE + λ Σ_l Σ_old |A_old A_tᵀ| (orthogonal to the old tasks'
+    down-projections), the finished task folded into W₀ and its A kept for the penalty."""
+
+    def __init__(self, orth_lambda: float = 0.5, **kwargs):
+        super().__init__(**kwargs)
+        self.past_A: dict[str, Tensor] = {}
+
+    def on_task_start(self, t: int, dm) -> None:
+        super().on_task_start(t, dm)
+        if t > 0:
+            with torch.no_grad():
+                for layer in self.adapted.values():
+                    b = layer.branches["default"]
+                    nn.init.kaiming_uniform_(b.A, a=math.sqrt(5))
+                    b.B.zero_()
+
+    def loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, logs = super().loss(x, y)
+        if self.past_A:
+            orth = sum(
+                (self.past_A[n].to(m.branches["default"].A) @ m.branches["default"].A.T).abs().sum()
+                for n, m in self.adapted.items()
+            )
+            loss = loss + self.hparams.orth_lambda * orth
+            logs["loss_orth"] = orth.detach()
+        return loss, logs
+
+    def on_task_end(self, t: int, dm) -> dict[str, float]:
+        for n, layer in self.adapted.items():
+            A = layer.branches["default"].A.detach().clone()
+            self.past_A[n] = A if n not in self.past_A else torch.cat([self.past_A[n], A])
+            layer.fold_in("default")
+        return super().on_task_end(t, dm)
+
+    def cl_state(self) -> dict:
+        return {**super().cl_state(), "past_A": self.past_A}
+
+    def load_cl_state(self, state: dict) -> None:
+        super().load_cl_state(state)
+        self.past_A = dict(state["past_A"])
+
+
+# ---- overhead: time per training step against plain LoRA, interleaved in one process ---------------------
+def time_training_steps(
+    modules: dict[str, SequentialLoRA], dm, steps: int = 80, warmup_steps: int = 10
+) -> dict[str, float]:
+    """Median seconds per ``cl_step`` on task 1 (so every protection is active) for each module, with the
+    modules' steps interleaved batch by batch so that machine load hits all of them alike."""
+    dm.setup("fit")
+    batches = list(dm.task_train_loader(1, batch_size=dm.hparams.batch_size))
+    for m in modules.values():
+        m.build(dm)
+        m._standalone_opt = m.configure_optimizers()
+        m.on_task_start(0, dm)
+        for x, y in list(dm.task_train_loader(0, batch_size=dm.hparams.batch_size))[:warmup_steps]:
+            m.cl_step((x, y), m._standalone_opt, lambda loss: loss.backward())
+        m.on_task_end(0, dm)
+        m._standalone_opt.state.clear()
+        m.on_task_start(1, dm)
+    times: dict[str, list[float]] = {n: [] for n in modules}
+    for i in range(steps):
+        batch = batches[i % len(batches)]
+        for n, m in modules.items():
+            t0 = time.perf_counter()
+            m.cl_step(batch, m._standalone_opt, lambda loss: loss.backward())
+            times[n].append(time.perf_counter() - t0)
+    return {n: sorted(v)[len(v) // 2] for n, v in times.items()}

@@ -1,0 +1,56 @@
+"""Files that a crash never leaves half-written, and the one rule for where caches live.
+
+Every file litlab writes for later reading (summaries, cards, cached models and data sets, adapters) goes through
+``atomic_path``: write to a temporary name beside the target, then ``os.replace`` it in, so a reader, a killed run
+or a second process writing the same cache sees the old file or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def cache_dir() -> Path:
+    """Where locally built models and data sets are cached: ``$LITLAB_CACHE``, else ``runs/cache``."""
+    return Path(os.environ.get("LITLAB_CACHE", "runs/cache"))
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success move it onto ``path`` (a file or a folder)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        if (
+            tmp.is_dir() and path.is_dir()
+        ):  # a folder cannot replace a non-empty folder: keep the first one made
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (fsynced before the rename)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    return Path(path)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")

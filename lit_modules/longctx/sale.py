@@ -1,0 +1,416 @@
+"""SALE — low-bit estimated fine-grained block-sparse attention for long-context prefill (ICML 2026).
+Spec: shared/methods/sale.md. Kernels a and b: kernels/block_sparse_attention.py, kernels/block_select.py.
+
+Algorithm, per layer and prefill call (sale.md §3):
+    K' = K - mean_t K;  Qi, Ki = 4-bit per-token codes of Q - mean_t Q and K'            # §3.2 (smoothing)
+    s_hat = s_q s_k <Qi, Ki> + q_bar . K'                                                 # §3.2.5 (estimate)
+    per query block: reserved = sink block + last n_loc causal blocks (whole segments)   # §3.3.1
+                     m_i, l_i over reserved exact logits;  T_i = m_i + ln(tau l_i)        # §3.3.2-3
+                     middle block selected iff max_(i,j in block) scale*s_hat - T_i > 0  # §3.3.4 (RAS > tau)
+    O = flash attention over reserved + selected blocks                                   # §3.4
+Thresholds tau[l, h]: uniform, or calibrated offline by halving until the L1 output error < theta*N (§3.5).
+Baseline ``sale_pooled``: same reserved blocks, middle blocks ranked by mean-pooled q_block . k_block, keeping ONE
+top fraction of every query block's middle blocks, chosen per layer call so its density matches SALE's (§6A/§6B).
+Reconstructed from the official kernels (paper text unreachable, sale.md §8): threshold formula, reserved-region
+arithmetic, calibration loop, the name "Relative Attention Score" for exp(z - m)/l.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Literal
+
+import torch
+from litlab.kernels.block_select import quant_qk_block_select, smooth_quantize
+from litlab.kernels.block_sparse_attention import block_sparse_attention, dense_causal_attention
+from litlab.lit_modules.longctx.harness import LongContextEval
+from litlab.lit_modules.longctx.kv_cache import KVMethod, register_attention
+
+Attn = Literal["sale", "sale_pooled", "sdpa"]
+
+
+# ---- §6A synthetic "sink + needles" attention inputs -------------------------------------------------------------
+def sink_needle_inputs(
+    H: int = 4,
+    N: int = 1024,
+    d: int = 64,
+    n_needles: int = 60,
+    seed: int = 1,
+    min_query: int = 300,
+    min_gap: int = 200,
+):
+    """q, k, v [H, N, d]: queries 3u + noise ⟂ u, a sink key 25u, needles k_j = 12 n_i/|n_i| for random i > j."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.nn.functional.normalize(torch.randn(H, 1, d, generator=gen), dim=-1)
+    noise = 0.9 * torch.randn(H, N, d, generator=gen)
+    noise = noise - (noise * u).sum(-1, keepdim=True) * u
+    q = 3 * u + noise
+    k = 0.5 * torch.randn(H, N, d, generator=gen)
+    k[:, 0] = 25 * u[:, 0]
+    v = torch.randn(H, N, d, generator=gen)
+    for h in range(H):
+        for _ in range(n_needles):
+            i = int(torch.randint(min_query, N, (), generator=gen))
+            j = int(torch.randint(40, max(41, i - min_gap), (), generator=gen))
+            k[h, j] = 12 * noise[h, i] / noise[h, i].norm() + 0.2 * torch.randn(d, generator=gen)
+    return q, k, v
+
+
+# ---- §3.2-3.4 selection + computation, and the pooled baseline -------------------------------------------------
+class SALEConfig:
+    def __init__(
+        self,
+        block_q: int = 64,
+        block_k: int = 32,
+        local_window: int = 128,
+        segment: int = 128,
+        bits: int = 4,
+        impl: str = "auto",
+    ):
+        if local_window % block_k or segment % block_k:
+            raise ValueError(
+                f"local_window={local_window} and segment={segment} must be multiples of block_k={block_k}"
+            )
+        self.block_q, self.block_k, self.bits, self.impl = block_q, block_k, bits, impl
+        self.local_blocks, self.seg_blocks = local_window // block_k, segment // block_k
+
+    def blocks(self) -> dict:
+        return dict(
+            block_q=self.block_q,
+            block_k=self.block_k,
+            local_blocks=self.local_blocks,
+            seg_blocks=self.seg_blocks,
+        )
+
+
+def sale_block_mask(q, k, tau, cfg: SALEConfig, sm_scale=None):
+    """(mask uint8 [B,H,nQ,nK], k' = k - mean k): §3.2 quantisation + §3.3 selection (kernel b or reference)."""
+    quant = smooth_quantize(q, k, cfg.bits)
+    mask = quant_qk_block_select(q, *quant, tau, sm_scale=sm_scale, impl=cfg.impl, **cfg.blocks())
+    return mask, quant[0]
+
+
+def reserved_only_mask(mask_like: torch.Tensor, N: int, cfg: SALEConfig) -> torch.Tensor:
+    """The reserved blocks alone (tau = +inf)."""
+    tau = torch.full((mask_like.shape[1],), float("inf"))
+    q = torch.zeros(mask_like.shape[0], mask_like.shape[1], N, 16)
+    quant = smooth_quantize(q, q[:, :1], 4)
+    return quant_qk_block_select(q, *quant, tau, impl="reference", **cfg.blocks())
+
+
+def pooled_block_mask(q, k, n_keep: torch.Tensor, cfg: SALEConfig) -> torch.Tensor:
+    """Coarse baseline: reserved blocks + the ``n_keep[b,h,qb]`` middle blocks with the largest mean-pooled
+    score q_bar(query block) . k_bar(key block)."""
+    B, H, N, d = q.shape
+    g = H // k.shape[1]
+    n_qb, n_kb = math.ceil(N / cfg.block_q), math.ceil(N / cfg.block_k)
+    pad_q, pad_k = n_qb * cfg.block_q - N, n_kb * cfg.block_k - N
+    qp = torch.nn.functional.pad(q.float(), (0, 0, 0, pad_q)).unflatten(2, (n_qb, cfg.block_q)).mean(3)
+    kp = torch.nn.functional.pad(k.float(), (0, 0, 0, pad_k)).unflatten(2, (n_kb, cfg.block_k)).mean(3)
+    score = qp @ kp.repeat_interleave(g, 1).transpose(-1, -2)  # [B, H, nQ, nK]
+    mask = reserved_only_mask(score, N, cfg)
+    middle = torch.zeros_like(mask, dtype=torch.bool)
+    from litlab.kernels.block_select import reserved_blocks
+
+    for qb in range(n_qb):
+        rng = reserved_blocks(qb, N, **cfg.blocks())[2]
+        middle[:, :, qb, rng.start : rng.stop] = True
+    ranked = score.masked_fill(~middle, float("-inf")).argsort(-1, descending=True)
+    keep = torch.arange(n_kb)[None, None, None, :] < n_keep[..., None]
+    chosen = torch.zeros_like(middle).scatter_(-1, ranked, keep) & middle
+    return (mask.bool() | chosen).to(torch.uint8)
+
+
+def pooled_keep_counts(sale_mask: torch.Tensor, N: int, cfg: SALEConfig) -> torch.Tensor:
+    """Middle blocks the pooled baseline keeps per (b, h, query block): ONE fraction f of every query block's middle
+    region (sale.md §6A: "top fraction per query block"), chosen so the total matches SALE's selected count, i.e.
+    equal density. (Copying SALE's per-block counts instead would hand the baseline SALE's needle locations.)"""
+    from litlab.kernels.block_select import reserved_blocks
+
+    n_mid = torch.tensor(
+        [len(reserved_blocks(qb, N, **cfg.blocks())[2]) for qb in range(sale_mask.shape[2])],
+        dtype=torch.float32,
+    )
+    selected = float(sale_mask.sum() - reserved_only_mask(sale_mask, N, cfg).sum())
+    total_mid = float(n_mid.sum()) * sale_mask.shape[0] * sale_mask.shape[1]
+    frac = selected / total_mid if total_mid else 0.0
+    return torch.round(frac * n_mid).long().expand(*sale_mask.shape[:2], -1)
+
+
+def block_density(mask: torch.Tensor, N: int, block_q: int, block_k: int) -> float:
+    """(reserved + selected causal blocks) / (all causal blocks), sale.md §3.6."""
+    n_qb = mask.shape[2]
+    causal = (
+        sum(math.ceil(min((b + 1) * block_q, N) / block_k) for b in range(n_qb))
+        * mask.shape[0]
+        * mask.shape[1]
+    )
+    return float(mask.sum()) / causal
+
+
+def sale_attention_core(q, k, v, tau, cfg: SALEConfig, sm_scale=None, baseline: str = "sale"):
+    """One layer's SALE (or pooled-baseline) prefill attention; returns (o [B,H,N,d], mask)."""
+    mask, k_s = sale_block_mask(q, k, tau, cfg, sm_scale)
+    if baseline == "sale_pooled":
+        mask = pooled_block_mask(q, k, pooled_keep_counts(mask, q.shape[2], cfg), cfg)
+    o = block_sparse_attention(
+        q, k_s, v, mask, cfg.block_q, cfg.block_k, causal=True, sm_scale=sm_scale, impl=cfg.impl
+    )
+    return o, mask
+
+
+# ---- §3.7 transformers hook -------------------------------------------------------------------------------------
+class SALEMethod(KVMethod):
+    """Prefill through SALE (or the pooled baseline) via a registered attention function; decode stays dense."""
+
+    def __init__(
+        self,
+        attn: Attn = "sale",
+        cfg: SALEConfig | None = None,
+        tau: float = 0.1,
+        thresholds: torch.Tensor | None = None,
+        min_seq_len: int = 1024,
+        start_layer: int = 0,
+        measure_error: bool = True,
+    ):
+        self.name = self.attn_implementation = attn
+        self.cfg, self.tau, self.thresholds = cfg or SALEConfig(), tau, thresholds
+        self.min_seq_len, self.start_layer, self.measure_error = min_seq_len, start_layer, measure_error
+        self.stats: list[dict] = []
+
+    def prepare(self, model) -> None:
+        if self.attn_implementation != "sdpa":
+            register_attention(self.attn_implementation, _sale_attention)
+        model.set_attn_implementation(self.attn_implementation)
+        for layer in model.model.layers:  # the attention function finds its method through the module
+            layer.self_attn.sale_method = self
+        self.stats = []
+
+    def layer_tau(self, layer_idx: int, n_heads: int) -> torch.Tensor:
+        if self.thresholds is not None:
+            return self.thresholds[layer_idx]
+        return torch.full((n_heads,), float(self.tau))
+
+    def metrics(self, cache) -> dict[str, float]:
+        out = {}
+        if self.stats:
+            out["density"] = sum(s["density"] for s in self.stats) / len(self.stats)
+            errs = [s["out_rel_err"] for s in self.stats if "out_rel_err" in s]
+            if errs:
+                out["attn_out_rel_err"] = sum(errs) / len(errs)
+            out["selection_overhead"] = sum(s["select_s"] for s in self.stats) / max(
+                sum(s["attn_s"] for s in self.stats), 1e-9
+            )
+        return out
+
+
+def _sale_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
+    method: SALEMethod = module.sale_method
+    M, N = query.shape[2], key.shape[2]
+    key, value = key.to(query.dtype), value.to(query.dtype)
+    if M == 1 or M != N or N <= method.min_seq_len or module.layer_idx < method.start_layer:
+        return dense_causal_attention(query, key, value, scaling).transpose(1, 2).contiguous(), None
+    cfg = method.cfg
+    tau = method.layer_tau(module.layer_idx, query.shape[1]).to(query.device)
+    t0 = time.perf_counter()
+    mask, k_s = sale_block_mask(query, key, tau, cfg, scaling)
+    if method.attn_implementation == "sale_pooled":
+        mask = pooled_block_mask(query, key, pooled_keep_counts(mask, N, cfg), cfg).to(query.device)
+    t1 = time.perf_counter()
+    out = block_sparse_attention(
+        query, k_s, value, mask, cfg.block_q, cfg.block_k, causal=True, sm_scale=scaling, impl=cfg.impl
+    )
+    stat = {
+        "layer": module.layer_idx,
+        "density": block_density(mask, N, cfg.block_q, cfg.block_k),
+        "select_s": t1 - t0,
+        "attn_s": time.perf_counter() - t1,
+    }
+    if method.measure_error:
+        ref = dense_causal_attention(query, key, value, scaling)
+        stat["out_rel_err"] = float((out.float() - ref.float()).norm() / ref.float().norm())
+    method.stats.append(stat)
+    return out.transpose(1, 2).contiguous(), None
+
+
+# ---- §3.5 per-head threshold calibration --------------------------------------------------------------------------
+def _capture_attention(module, q, k, v, attention_mask=None, scaling=None, dropout=0.0, **kw):
+    module.sale_captured.append((q, k, v, scaling))
+    return dense_causal_attention(q, k, v, scaling).transpose(1, 2).contiguous(), None
+
+
+@torch.no_grad()
+def capture_qkv(model, input_ids: torch.Tensor) -> list[tuple]:
+    """Post-RoPE (q, k, v, scaling) of every layer from one DENSE forward."""
+    captured: list[tuple] = []
+    for layer in model.model.layers:
+        layer.self_attn.sale_captured = captured
+    register_attention("sale_capture", _capture_attention)
+    model.set_attn_implementation("sale_capture")
+    model(input_ids=input_ids)
+    return captured
+
+
+@torch.no_grad()
+def calibrate_thresholds(
+    model,
+    prompts: list[torch.Tensor],
+    cfg: SALEConfig,
+    theta: float,
+    tau_init: float = 0.008,
+    tau_floor: float = 1e-4,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """§3.5: halve tau[l, h] until sum|O - O_dense| < theta * N on every prompt (0 = dense head below the floor).
+    Heads are independent, so all heads of a layer are tested at once. Returns (tau [N_L, H], tau after each
+    prompt)."""
+    tau = None
+    history = []
+    for ids in prompts:
+        layers = capture_qkv(model, ids[None] if ids.dim() == 1 else ids)
+        if tau is None:
+            tau = torch.full((len(layers), layers[0][0].shape[1]), tau_init)
+        for li, (q, k, v, scaling) in enumerate(layers):
+            ref = dense_causal_attention(q, k, v, scaling)
+            N = q.shape[2]
+            while True:
+                o, _ = sale_attention_core(q, k, v, tau[li], cfg, scaling)
+                err = (o.float() - ref.float()).abs().sum((0, 2, 3))  # L1 over rows and dims, per head
+                bad = (err >= theta * N) & (tau[li] > 0)
+                if not bad.any():
+                    break
+                tau[li] = torch.where(bad, tau[li] / 2, tau[li])
+                tau[li] = torch.where(tau[li] <= tau_floor, torch.zeros_like(tau[li]), tau[li])
+        history.append(tau.clone())
+    return tau, history
+
+
+class SALEPrefillModule(LongContextEval):
+    """sale.md §5: a frozen causal LM whose prefill runs through SALE, its pooled baseline, or dense SDPA.
+
+    The whole prompt (context + question) is prefilled; the answer is greedy-decoded with dense attention.
+    ``calib_theta`` set: thresholds are calibrated on the DataModule's ``calib`` prompts at fit start
+    (``theta`` is scaled by d/128, our choice, sale.md §8) and saved to ``thresholds_path`` if given.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "tiny_passkey_llama",
+        attn: Attn = "sale",
+        tau: float = 0.1,
+        block_q: int = 64,
+        block_k: int = 32,
+        local_window: int = 128,
+        segment: int = 128,
+        bits: int = 4,
+        min_seq_len: int = 1024,
+        start_layer: int = 0,
+        calib_theta: float | None = None,
+        tau_init: float = 0.008,
+        tau_floor: float = 1e-4,
+        thresholds_path: str | None = None,
+        use_triton: Literal["auto", "triton", "reference"] = "auto",
+        measure_error: bool = True,
+        max_new_tokens: int = 1,
+        dtype: str = "float32",
+        tiny_train_steps: int = 200,
+        tiny_seed: int = 1,
+    ):
+        super().__init__(
+            model_name=model_name,
+            max_new_tokens=max_new_tokens,
+            dtype=dtype,
+            query_after_compression=False,
+            tiny_train_steps=tiny_train_steps,
+            tiny_seed=tiny_seed,
+        )
+        self.save_hyperparameters()
+        self.cfg = SALEConfig(block_q, block_k, local_window, segment, bits, use_triton)
+        thresholds = torch.load(thresholds_path) if thresholds_path and calib_theta is None else None
+        self.method = SALEMethod(attn, self.cfg, tau, thresholds, min_seq_len, start_layer, measure_error)
+        self.calib_metrics: dict[str, float] = {}
+
+    def extra_metrics(self) -> dict[str, float]:
+        return self.calib_metrics
+
+    def on_fit_start(self) -> None:
+        hp = self.hparams
+        if hp.calib_theta is None or hp.attn == "sdpa":
+            return
+        cfg = self.lm.config
+        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        prompts = [
+            torch.cat([p["context_ids"], p["query_ids"]]).to(self.device)
+            for p in self.trainer.datamodule.calib_prompts()
+        ]
+        tau, _ = calibrate_thresholds(
+            self.lm, prompts, self.cfg, hp.calib_theta * d / 128, hp.tau_init, hp.tau_floor
+        )
+        self.method.thresholds = tau
+        self.calib_metrics = {
+            "calib_mean_tau": float(tau.mean()),
+            "calib_dense_heads_frac": float((tau == 0).float().mean()),
+        }
+        if hp.thresholds_path:
+            torch.save(tau, hp.thresholds_path)
+
+
+def cpu_prefill_timing(
+    lengths=(4096, 8192, 16384), H: int = 2, d: int = 64, tau: float = 0.01, seed: int = 1
+):
+    """Attention-level CPU timing (one layer, sink + needle inputs of §6A): dense SDPA vs SALE's reference path
+    (quantise + select, then the block-skipping gathered attention). Ratios come from one run on one machine."""
+    from litlab.kernels.block_sparse_attention import block_sparse_attention_gathered
+
+    cfg = SALEConfig(impl="reference")
+    out = {}
+    for n in lengths:
+        q, k, v = (t[None] for t in sink_needle_inputs(H, n, d, n_needles=n // 16, seed=seed))
+        t0 = time.perf_counter()
+        ref = dense_causal_attention(q, k, v)
+        t1 = time.perf_counter()
+        mask, k_s = sale_block_mask(q, k, tau, cfg)
+        t2 = time.perf_counter()
+        o = block_sparse_attention_gathered(q, k_s, v, mask, cfg.block_q, cfg.block_k)
+        t3 = time.perf_counter()
+        dense_s, select_s, sparse_s = t1 - t0, t2 - t1, t3 - t2
+        out[n] = {
+            "dense_s": dense_s,
+            "select_s": select_s,
+            "sparse_s": sparse_s,
+            "density": block_density(mask, n, cfg.block_q, cfg.block_k),
+            "sale_over_dense": (select_s + sparse_s) / dense_s,
+            "overhead_frac": select_s / dense_s,
+            "rel_err": float((o - ref).norm() / ref.norm()),
+        }
+    return out
+
+
+def report(res: dict, out_dir) -> dict:
+    """Card hook: density / output error / accuracy of every run, and the CPU timing of ``cpu_prefill_timing``."""
+    from litlab.lit_modules.longctx.harness import read_run_metrics
+
+    numbers, lines = {}, ["| run | acc | density | attn out rel err |", "|---|---|---|---|"]
+    for name, run in res["runs"].items():
+        m = read_run_metrics(run["runs"][0]["run_dir"])
+        numbers[f"{name}_acc"] = m.get("val/acc", float("nan"))
+        numbers[f"{name}_density"] = m.get("val/density", 1.0)
+        numbers[f"{name}_out_err"] = m.get("val/attn_out_rel_err", 0.0)
+        lines.append(
+            f"| {name} | {numbers[f'{name}_acc']:.3f} | {numbers[f'{name}_density']:.3f} | "
+            f"{numbers[f'{name}_out_err']:.4f} |"
+        )
+    lines += [
+        "",
+        "CPU attention timing (one layer, H=2, d=64, tau=0.01, reference sparse path vs SDPA):",
+        "| N | dense s | select s | sparse s | density | (select+sparse)/dense | select/dense |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n, t in cpu_prefill_timing().items():
+        lines.append(
+            f"| {n} | {t['dense_s']:.2f} | {t['select_s']:.2f} | {t['sparse_s']:.2f} | {t['density']:.3f} "
+            f"| {t['sale_over_dense']:.2f} | {t['overhead_frac']:.2f} |"
+        )
+        for key in ("sale_over_dense", "overhead_frac", "density"):
+            numbers[f"cpu_{n}_{key}"] = t[key]
+    return {"markdown": "\n".join(lines), "numbers": numbers}

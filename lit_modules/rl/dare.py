@@ -1,0 +1,309 @@
+"""DARE — Dynamic Alignment for RElaxation (offline-to-online RL), on IQL (dare.md).
+
+Per sample and per gradient step, DARE decides whether IQL's conservative AWR actor loss is kept (offline-like,
+m = 1) or relaxed to an SAC-style actor loss with a fixed entropy coefficient (online-like, m = 0): every
+sample's action is scored against a frozen behaviour model fitted on the offline data (§3.4), one Gaussian is
+fitted to the scores of each origin (§3.5), and the posterior "exchanges" behaviour-inconsistent offline samples
+into the relaxed subset and behaviour-consistent online samples into the constrained one (§3.6).
+
+The baselines are the same objective with another mask: ``mask_mode="constrained"`` (m ≡ 1) is IQL-O2O,
+``mask_mode="origin"`` (m = origin, i.e. τ_x = 1) is the binary offline/online split.
+
+Reconstructed [R] (the paper's body was not reachable, dare.md §2): the Gaussian-KL alignment score, the
+exchange threshold and its guards, the fixed α_ent, the warm-up rule. Not implemented here: the Cal-QL and
+TD3+BC instantiations and the energy guidance of the diffusion behaviour model (dare.md §3.2 step 3).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Literal
+
+import lightning as L
+import torch
+from litlab.lit_modules.rl import iql
+from litlab.lit_modules.rl.behavior import DiffusionBehavior, GaussianBehavior
+from litlab.lit_modules.rl.nets import TanhGaussianActor, TwinCritic, ValueNet
+from litlab.lit_modules.rl.sac import actor_loss_per_sample, polyak_update
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+# ---- §3.4 alignment score ------------------------------------------------------------------------
+def align(
+    act: torch.Tensor,
+    ref: torch.Tensor,
+    mode: str = "gaussian_kl",
+    sigma: float = 1.0,
+    behavior_log_prob: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """d_i for actions [N, d] against K reference actions [K, N, d] -> [N] (small d = behaviour-consistent).
+    gaussian_kl: (1/K) Σ_k KL(N(a, σ²I) ‖ N(â_k, σ²I)) = (1/K) Σ_k ‖a − â_k‖² / (2σ²)."""
+    if mode == "gaussian_kl":
+        return ((act.unsqueeze(0) - ref).pow(2).sum(-1) / (2 * sigma**2)).mean(0)
+    if mode == "softmax_kl":
+        logp, logq = act.log_softmax(-1).unsqueeze(0), ref.log_softmax(-1)
+        return (logp.exp() * (logp - logq)).sum(-1).mean(0)
+    if mode == "nll":
+        if behavior_log_prob is None:
+            raise ValueError("align_mode='nll' needs a behaviour model with a density (behavior='gaussian')")
+        return -behavior_log_prob
+    raise ValueError(f"align_mode={mode!r} is not one of gaussian_kl, softmax_kl, nll")
+
+
+# ---- §3.5 one Gaussian per origin and the posterior ----------------------------------------------
+def fit_gaussians(d: torch.Tensor, online: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(μ_off, σ_off, μ_on, σ_on), population std + ε_σ."""
+    off, on = d[~online], d[online]
+    return torch.stack([off.mean(), off.std(unbiased=False) + eps, on.mean(), on.std(unbiased=False) + eps])
+
+
+def posterior_online(d: torch.Tensor, fits: torch.Tensor, prior_online: float) -> torch.Tensor:
+    """p_i = π_on φ(d; μ_on, σ_on) / (π_off φ(d; μ_off, σ_off) + π_on φ(d; μ_on, σ_on)), in log space."""
+    mu_off, sd_off, mu_on, sd_on = fits
+
+    def log_phi(mu, sd):
+        return -0.5 * ((d - mu) / sd).pow(2) - sd.log() - LOG_SQRT_2PI
+
+    log_on = math.log(prior_online) + log_phi(mu_on, sd_on)
+    log_off = math.log(1 - prior_online) + log_phi(mu_off, sd_off)
+    return torch.exp(log_on - torch.logaddexp(log_on, log_off))
+
+
+# ---- §3.6 exchange ------------------------------------------------------------------------------
+def exchange(
+    d: torch.Tensor,
+    online: torch.Tensor,
+    p: torch.Tensor,
+    fits: torch.Tensor,
+    tau: float = 0.5,
+    mode: str = "hard",
+) -> torch.Tensor:
+    """m_i (1 = offline-like/constrained, 0 = online-like/relaxed). An offline sample is relaxed iff p > τ and
+    d > μ_off; an online sample is constrained iff 1 − p > τ and d < μ_on; nothing moves when μ_on ≤ μ_off."""
+    mu_off, mu_on = fits[0], fits[2]
+    mask = (~online).float()
+    if mu_on <= mu_off:
+        return mask
+    if mode == "hard":
+        off_to_rel, on_to_con = p > tau, (1 - p) > tau
+    elif mode == "stochastic":
+        off_to_rel, on_to_con = torch.rand_like(p) < p, torch.rand_like(p) < 1 - p
+    else:
+        raise ValueError(f"exchange_mode={mode!r} is not one of hard, stochastic")
+    mask[~online & off_to_rel & (d > mu_off)] = 0.0
+    mask[online & on_to_con & (d < mu_on)] = 1.0
+    return mask
+
+
+class DARE(L.LightningModule):
+    def __init__(
+        self,
+        base_algo: Literal["iql"] = "iql",
+        mask_mode: Literal["dare", "constrained", "origin"] = "dare",
+        behavior: Literal["gaussian", "diffusion"] = "gaussian",
+        energy_guidance: bool = False,
+        align_mode: Literal["gaussian_kl", "softmax_kl", "nll"] = "gaussian_kl",
+        align_k: int = 1,
+        align_sigma: float = 1.0,
+        exchange_mode: Literal["hard", "stochastic"] = "hard",
+        exchange_tau: float = 0.5,
+        gauss_ema: float = 0.0,
+        ent_coef: float = 0.2,
+        iql_expectile: float = 0.7,
+        iql_beta: float = 3.0,
+        gamma: float = 0.99,
+        polyak: float = 0.005,
+        lr_actor: float = 3e-4,
+        lr_critic: float = 3e-4,
+        lr_behavior: float = 1e-3,
+        hidden: list[int] = [256, 256],  # noqa: B006
+        critic_layer_norm: bool = True,
+        batch_offline: int = 128,
+        batch_online: int = 128,
+        diffusion_steps: int = 5,
+        log_every: int = 50,
+        obs_dim: int | None = None,
+        act_dim: int | None = None,
+    ):
+        """``obs_dim``/``act_dim`` default to the datamodule's env (networks are built in ``setup``)."""
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        if base_algo != "iql":
+            raise ValueError(
+                f"base_algo={base_algo!r}: only 'iql' is implemented (Cal-QL and TD3+BC are not yet)"
+            )
+        if energy_guidance:
+            raise ValueError(
+                "energy_guidance=True is not implemented (dare.md §3.2 step 3); use energy_guidance=false"
+            )
+        if not 0.0 <= exchange_tau <= 1.0 or not 0.0 <= gauss_ema < 1.0 or align_k < 1:
+            raise ValueError(
+                f"need 0 <= exchange_tau <= 1, 0 <= gauss_ema < 1, align_k >= 1; got {exchange_tau}, "
+                f"{gauss_ema}, {align_k}"
+            )
+        self.online_phase = False
+        self.mechanism: list[
+            torch.Tensor
+        ] = []  # per online step: env_steps, μ_on − μ_off, moves, constrained share
+        if obs_dim is not None and act_dim is not None:
+            self.build(obs_dim, act_dim)
+
+    def build(self, obs_dim: int, act_dim: int) -> None:
+        hp, h = self.hparams, list(self.hparams.hidden)
+        self.actor = TanhGaussianActor(obs_dim, act_dim, h)
+        self.critic = TwinCritic(obs_dim, act_dim, h, layer_norm=hp.critic_layer_norm)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.value = ValueNet(obs_dim, h, layer_norm=hp.critic_layer_norm)
+        self.behavior = (
+            GaussianBehavior(obs_dim, act_dim, h)
+            if hp.behavior == "gaussian"
+            else DiffusionBehavior(obs_dim, act_dim, [*h, h[-1]], n_steps=hp.diffusion_steps)
+        )
+        self.register_buffer("gauss_fits", torch.zeros(4))
+
+    def setup(self, stage: str) -> None:
+        if not hasattr(self, "actor"):
+            dm = self.trainer.datamodule
+            self.build(dm.obs_dim, dm.act_dim)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        return [
+            torch.optim.Adam(self.actor.parameters(), lr=hp.lr_actor),
+            torch.optim.Adam(self.critic.parameters(), lr=hp.lr_critic),
+            torch.optim.Adam(self.value.parameters(), lr=hp.lr_critic),
+            torch.optim.Adam(self.behavior.parameters(), lr=hp.lr_behavior),
+        ]
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        return self.actor.act(obs, deterministic)
+
+    # ---- Stage B, steps 4-8: the sample-level mask (no gradient) --------------------------------
+    @torch.no_grad()
+    def sample_mask(self, batch: dict[str, torch.Tensor], online: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        hp = self.hparams
+        if hp.mask_mode == "constrained":
+            return torch.ones(len(online), device=online.device), {}
+        if hp.mask_mode == "origin":
+            return (~online).float(), {}
+        obs, act = batch["obs"], batch["act"]
+        ref = self.behavior.sample(obs, hp.align_k)  # step 4
+        log_prob = self.behavior.log_prob(obs, act) if hp.align_mode == "nll" else None
+        d = align(act, ref, hp.align_mode, hp.align_sigma, log_prob)  # step 5
+        fits = fit_gaussians(d, online)  # step 6
+        if hp.gauss_ema > 0:
+            if bool((self.gauss_fits != 0).any()):
+                fits = hp.gauss_ema * self.gauss_fits + (1 - hp.gauss_ema) * fits
+            self.gauss_fits.copy_(fits)
+        p = posterior_online(d, fits, float(online.float().mean()))  # step 7
+        mask = exchange(d, online, p, fits, hp.exchange_tau, hp.exchange_mode)  # step 8
+        stats = {
+            "mu_off": fits[0],
+            "sd_off": fits[1],
+            "mu_on": fits[2],
+            "sd_on": fits[3],
+            "gap": fits[2] - fits[0],
+            "moves_off_to_relaxed": ((~online) & (mask == 0)).float().sum(),
+            "moves_on_to_constrained": (online & (mask == 1)).float().sum(),
+            "online_constrained_share": mask[online].mean(),
+            "constrained_share": mask.mean(),
+        }
+        return mask, stats
+
+    # ---- step 9: the DARE actor loss -------------------------------------------------------------
+    def actor_loss(self, batch: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        """(1/N) Σ_i [m_i ℓ_con(i) + (1 − m_i) ℓ_rel(i)]; ℓ_con = AWR (IQL),
+        ℓ_rel = α_ent log π(ã|s) − min_k Q_k(s, ã), ã ~ π(·|s) reparameterised (dare.md §3.7)."""
+        hp = self.hparams
+        loss_con = iql.awr_loss_per_sample(self.actor, self.critic_target, self.value, batch, hp.iql_beta)
+        if bool((mask == 1).all()):
+            return loss_con.mean()
+        loss_rel, _ = actor_loss_per_sample(self.actor, self.critic, batch["obs"], hp.ent_coef)
+        return (mask * loss_con + (1 - mask) * loss_rel).mean()
+
+    def start_online_phase(self) -> None:
+        """Stage A ends: the behaviour model is frozen for the whole online phase (dare.md §3.8)."""
+        self.behavior.requires_grad_(False).eval()
+        self.online_phase = True
+
+    def _step(self, opt, loss: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        opt.step()
+
+    def training_step(self, idx, batch_idx: int) -> None:
+        hp, dm, idx = self.hparams, self.trainer.datamodule, int(idx)
+        online = idx >= dm.n_offline_steps
+        if online and not self.online_phase:
+            self.start_online_phase()
+        if online:  # step 1
+            dm.collect(lambda o: self.actor.act(o.to(self.device)))
+        warm = online and len(dm.online) >= hp.batch_online  # step 2
+        if warm:  # step 3
+            b_off, b_on = (
+                dm.sample_offline(hp.batch_offline, self.device),
+                dm.sample_online(hp.batch_online, self.device),
+            )
+            batch = {k: torch.cat([b_off[k], b_on[k]]) for k in b_off}
+            origin_online = torch.cat(
+                [
+                    torch.zeros(hp.batch_offline, dtype=torch.bool, device=self.device),
+                    torch.ones(hp.batch_online, dtype=torch.bool, device=self.device),
+                ]
+            )
+            mask, stats = self.sample_mask(batch, origin_online)  # steps 4-8
+        else:
+            batch = dm.sample_offline(hp.batch_offline + hp.batch_online, self.device)
+            mask, stats = torch.ones(len(batch["obs"]), device=self.device), {}
+        opt_actor, opt_critic, opt_value, opt_behavior = self.optimizers()
+        # step 10, CORL's IQL order: value, actor, critic; each loss after the previous step
+        loss_v = iql.value_loss(self.value, self.critic_target, batch, hp.iql_expectile)
+        self._step(opt_value, loss_v)
+        loss_pi = self.actor_loss(batch, mask)  # step 9
+        self._step(opt_actor, loss_pi)
+        loss_q = iql.critic_loss(self.critic, self.value, batch, hp.gamma)
+        self._step(opt_critic, loss_q)
+        polyak_update(self.critic, self.critic_target, hp.polyak)
+        loss_b = None
+        if not online:  # Stage A: behaviour model trained on D_off alongside the offline IQL steps
+            loss_b = self.behavior.loss(batch["obs"], batch["act"])
+            self._step(opt_behavior, loss_b)
+        if stats:
+            self.mechanism.append(
+                torch.stack(
+                    [
+                        torch.tensor(float(dm.env_steps)),
+                        stats["gap"],
+                        stats["moves_off_to_relaxed"],
+                        stats["moves_on_to_constrained"],
+                        stats["online_constrained_share"],
+                    ]
+                )
+            )
+        dm.finish_iteration(idx)
+        if (batch_idx + 1) % hp.log_every == 0:
+            logs = {
+                "train/loss_value": loss_v,
+                "train/loss_actor": loss_pi,
+                "train/loss_critic": loss_q,
+                "env_steps": float(dm.env_steps),
+                "train/online": float(online),
+            }
+            if loss_b is not None:
+                logs["train/loss_behavior"] = loss_b
+            logs.update({f"dare/{k}": v for k, v in stats.items()})
+            if dm.collector.episodes:
+                logs["train/episode_return"] = dm.collector.last_episode_return
+            self.log_dict(logs)
+
+
+def report(res: dict, out_dir) -> dict:
+    """repro report hook: learning curves (eval score vs env steps) of every run, plus the mechanism numbers."""
+    from litlab.lit_modules.rl.report import plot_learning_curves
+
+    return plot_learning_curves(
+        res, out_dir, "dare", metric="eval/score", extra_numbers=("eval/score_offline_end", "eval/score_auc")
+    )

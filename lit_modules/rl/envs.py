@@ -1,0 +1,156 @@
+"""Environment factory (actions rescaled to [−1, 1]), the training-env collector and deterministic evaluation.
+
+The collector lives in the main process and is stepped from ``training_step`` (never from a DataLoader
+worker, whose prefetching would act with a stale policy)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+from litlab.lit_modules.core.errors import EnvUnavailableError
+from litlab.lit_modules.rl.replay import ReplayBuffer
+
+MUJOCO_ENVS = (
+    "Hopper",
+    "HalfCheetah",
+    "Walker2d",
+    "Ant",
+    "Humanoid",
+    "HumanoidStandup",
+    "Swimmer",
+    "Reacher",
+    "Pusher",
+    "InvertedPendulum",
+    "InvertedDoublePendulum",
+)
+Policy = Callable[[torch.Tensor], torch.Tensor]  # obs [1, d_s] -> action [1, d_a] in [-1, 1]
+
+
+def check_env_available(env_id: str) -> None:
+    if env_id.split("-")[0] in MUJOCO_ENVS and importlib.util.find_spec("mujoco") is None:
+        raise EnvUnavailableError(
+            f"{env_id} needs MuJoCo, which is not installed: pip install 'gymnasium[mujoco]' "
+            "(PyPI wheel, no download at run time)"
+        )
+    if env_id not in gym.registry:
+        raise ValueError(f"env_id={env_id!r} is not a registered gymnasium environment")
+
+
+def make_env(env_id: str, terminate_when_unhealthy: bool | None = None, **kwargs) -> gym.Env:
+    """``gym.make(env_id)`` with actions rescaled to [−1, 1]. ``terminate_when_unhealthy`` is passed
+    only to envs that take it (NGT builds MuJoCo envs with fixed-length episodes: False)."""
+    check_env_available(env_id)
+    if terminate_when_unhealthy is not None:
+        try:
+            env = gym.make(env_id, terminate_when_unhealthy=terminate_when_unhealthy, **kwargs)
+        except TypeError:  # env without a health check (Pendulum, HalfCheetah, ...)
+            env = gym.make(env_id, **kwargs)
+    else:
+        env = gym.make(env_id, **kwargs)
+    if not isinstance(env.action_space, gym.spaces.Box):
+        raise ValueError(
+            f"{env_id} has a {type(env.action_space).__name__} action space; only Box is supported"
+        )
+    shape = env.action_space.shape
+    # callers clip to [-1, 1] (gymnasium's ClipAction would make the space unbounded, which RescaleAction refuses)
+    return gym.wrappers.RescaleAction(env, np.full(shape, -1, np.float32), np.full(shape, 1, np.float32))
+
+
+def env_dims(env: gym.Env) -> tuple[int, int]:
+    return int(np.prod(env.observation_space.shape)), int(np.prod(env.action_space.shape))
+
+
+class Collector:
+    """Steps one training env and pushes ``(s, a, r, s', terminal)`` into a replay buffer; time-limit truncation
+    is not a termination. ``obs_scale`` divides observations elementwise (fixed input scaling)."""
+
+    def __init__(
+        self,
+        env: gym.Env,
+        buffer: ReplayBuffer,
+        seed: int,
+        obs_scale: torch.Tensor | None = None,
+        reward_scale: float = 1.0,
+    ):
+        self.env, self.buffer, self.seed = env, buffer, seed
+        self.obs_scale, self.reward_scale = obs_scale, reward_scale
+        self.env.action_space.seed(seed)
+        self.env_steps, self.episodes = 0, 0
+        self.episode_return, self.last_episode_return = 0.0, float("nan")
+        self._obs = self._reset(seed)
+
+    def scale(self, obs: np.ndarray | torch.Tensor) -> torch.Tensor:
+        obs = torch.as_tensor(np.asarray(obs, dtype=np.float32)).reshape(-1)
+        return obs / self.obs_scale if self.obs_scale is not None else obs
+
+    def _reset(self, seed: int | None = None) -> torch.Tensor:
+        obs, _ = self.env.reset(seed=seed)
+        return self.scale(obs)
+
+    def step(self, policy: Policy | None) -> dict[str, float]:
+        """One env step with ``policy`` (``None``: uniform random actions). Returns episode info when one ends."""
+        if policy is None:
+            act = torch.as_tensor(self.env.action_space.sample(), dtype=torch.float32)
+        else:
+            act = policy(self._obs.unsqueeze(0)).squeeze(0).cpu().clamp(-1.0, 1.0)
+        next_obs, rew, terminated, truncated, _ = self.env.step(act.numpy())
+        next_obs = self.scale(next_obs)
+        self.buffer.add(
+            obs=self._obs,
+            act=act,
+            rew=float(rew) * self.reward_scale,
+            next_obs=next_obs,
+            terminal=float(terminated),
+        )
+        self.env_steps += 1
+        self.episode_return += float(rew)
+        self._obs = next_obs
+        if terminated or truncated:
+            self.episodes += 1
+            self.last_episode_return, self.episode_return = self.episode_return, 0.0
+            self._obs = self._reset()
+            return {"episode_return": self.last_episode_return}
+        return {}
+
+    def state_dict(self) -> dict[str, float | int]:
+        return {
+            "env_steps": self.env_steps,
+            "episodes": self.episodes,
+            "last_episode_return": self.last_episode_return,
+        }
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        """The env itself cannot be checkpointed: a resumed run starts a fresh episode (seeded by the step count)."""
+        self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
+        self.last_episode_return = float(state["last_episode_return"])
+        self.episode_return = 0.0
+        self._obs = self._reset(self.seed + self.env_steps)
+
+
+def evaluate(
+    policy: Policy,
+    env_id: str,
+    n_episodes: int = 10,
+    seed_base: int = 10_000,
+    obs_scale: torch.Tensor | None = None,
+    env_kwargs: dict | None = None,
+) -> list[float]:
+    """Returns of ``n_episodes`` episodes on a separate env, episode i reset with seed ``seed_base + i``."""
+    env = make_env(env_id, **(env_kwargs or {}))
+    returns = []
+    for i in range(n_episodes):
+        obs, _ = env.reset(seed=seed_base + i)
+        done, total = False, 0.0
+        while not done:
+            o = torch.as_tensor(np.asarray(obs, dtype=np.float32)).reshape(1, -1)
+            o = o / obs_scale if obs_scale is not None else o
+            obs, rew, terminated, truncated, _ = env.step(policy(o).squeeze(0).cpu().clamp(-1.0, 1.0).numpy())
+            total += float(rew)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
