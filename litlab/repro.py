@@ -9,6 +9,7 @@ plot) goes to ``runs/repro/<slug>/``; the exit code is 1 when the card's expecta
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import math
@@ -22,8 +23,9 @@ from typing import Any
 import yaml
 
 from litlab.cards import Card, evaluate, expression_names, load_card, split_clauses
-from litlab.lit_modules.core.errors import CardError
-from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
+from litlab.lit_modules.core.errors import CardError, ResourceUnavailableError
+from litlab.lit_modules.core.io import atomic_path, atomic_write_json, atomic_write_text
+from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult, SeedRun
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Many runs in one terminal: a table at the end says more than a progress bar per run (none of these
@@ -125,9 +127,7 @@ def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path)
     return ran
 
 
-def run_one(
-    card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]
-) -> dict[str, Any]:
+def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> SeedRun:
     """One LightningCLI fit; returns its summary (reused when it already finished)."""
     from litlab.cli import LitlabCLI, RunAlreadyFinished
 
@@ -150,13 +150,13 @@ def run_one(
     metric = spec.metric or card.metric.name
     if metric not in summary["metrics"]:
         raise KeyError(f"run {run_name} logged no metric {metric!r}; it logged {sorted(summary['metrics'])}")
-    return {
-        "seed": seed,
-        "value": float(summary["metrics"][metric]),
-        "run_dir": str(run_dir),
-        "reused": reused,
-        "wall_time_s": summary.get("wall_time_s"),
-    }
+    return SeedRun(
+        seed=seed,
+        value=float(summary["metrics"][metric]),
+        run_dir=Path(run_dir),
+        reused=reused,
+        wall_time_s=summary.get("wall_time_s"),
+    )
 
 
 def reproduce(
@@ -168,7 +168,7 @@ def reproduce(
     extra: list[str] | None = None,
     include_optional: bool = False,
     jobs: int = 1,
-) -> dict[str, Any]:
+) -> CardResult:
     seeds = list(seeds if seeds is not None else card.seeds[scale])
     runs = card.runs_for(scale)
     if only:
@@ -192,23 +192,24 @@ def reproduce(
                 if args not in distinct.values():  # card entries that differ only in the metric share a run
                     distinct[f"{name}-s{s}"] = args
         ran_in_workers = fit_in_subprocesses(distinct, jobs, out_dir / "logs")
-    per_run: dict[str, Any] = {}
+    per_run: dict[str, RunResult] = {}
     for name in runs:
         values = [run_one(card, name, scale, s, out_dir, list(extra or [])) for s in seeds]
         if jobs > 1:  # the workers ran them; the loop above only read their summaries
             for s, v in zip(seeds, values):
-                v["reused"] = v["reused"] and f"{name}-s{s}" not in ran_in_workers
-        xs = [v["value"] for v in values]
-        per_run[name] = {
-            "metric": runs[name].metric or card.metric.name,
-            "values": xs,
-            "seeds": seeds,
-            "mean": statistics.fmean(xs),
-            "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-            "runs": values,
-        }
-    means = {n: r["mean"] for n, r in per_run.items()}
-    stds = {n: r["std"] for n, r in per_run.items()}
+                v.reused = v.reused and f"{name}-s{s}" not in ran_in_workers
+        xs = [v.value for v in values]
+        per_run[name] = RunResult(
+            name=name,
+            metric=runs[name].metric or card.metric.name,
+            seeds=seeds,
+            values=xs,
+            mean=statistics.fmean(xs),
+            std=statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            runs=values,
+        )
+    means = {n: r.mean for n, r in per_run.items()}
+    stds = {n: r.std for n, r in per_run.items()}
     expr = card.expectation.get(scale)
     clauses = []
     if expr:
@@ -228,46 +229,44 @@ def reproduce(
         if not decisive or any(c["holds"] is None for c in decisive)
         else all(c["holds"] for c in decisive)
     )
-    return {
-        "slug": card.slug,
-        "title": card.title,
-        "claim": card.claim,
-        "scale": scale,
-        "seeds": seeds,
-        "metric": {"name": card.metric.name, "mode": card.metric.mode},
-        "runs": per_run,
-        "expectation": expr,
-        "clauses": clauses,
-        "passed": verdict,
-        "date": date.today().isoformat(),
-        "wall_time_s": round(time.time() - started, 1),
-        "reused_runs": sum(r["reused"] for run in per_run.values() for r in run["runs"]),
-        "total_runs": sum(len(run["runs"]) for run in per_run.values()),
-    }
+    return CardResult(
+        slug=card.slug,
+        title=card.title,
+        claim=card.claim,
+        scale=scale,
+        seeds=seeds,
+        metric_name=card.metric.name,
+        metric_mode=card.metric.mode,
+        runs=per_run,
+        expectation=expr,
+        clauses=clauses,
+        passed=verdict,
+        date=date.today().isoformat(),
+        wall_time_s=round(time.time() - started, 1),
+    )
 
 
-def call_report_hook(card: Card, res: dict[str, Any], out_dir: Path) -> None:
+def call_report_hook(card: Card, result: CardResult, out_dir: Path) -> None:
     """A card's ``report_hook: "module:function"`` adds what a table of means cannot show.
 
-    The function is called as ``fn(res, out_dir)`` after all runs finished, where ``res`` is this reproduction's
-    result (``res["runs"][name]["runs"][i]["run_dir"]`` is each seed's run folder, with its ``summary.json``
-    and ``csv/`` metrics). It returns a dict with any of: ``figures`` (paths of images it wrote under
-    ``out_dir``), ``markdown`` (a section for report.md) and ``numbers`` (``{name: float}`` derived from the
-    runs, e.g. a ratio of two runs' timings; they go into results.json and into the card's ``recorded:``).
+    It is called as ``fn(result, out_dir) -> ReportExtras`` after all runs finished (``litlab.lit_modules.core.results``
+    documents both types): figures it wrote under ``out_dir``, a markdown section for report.md, and numbers derived
+    from the runs, which go into results.json and, with ``--record``, into the card's ``recorded:``.
     """
     if not card.report_hook:
         return
     module_name, fn_name = card.report_hook.split(":")
-    import importlib
-
     try:
         fn = getattr(importlib.import_module(module_name), fn_name)
     except (ImportError, AttributeError) as err:
         raise CardError(f"{card.path}: report_hook {card.report_hook!r} cannot be imported: {err}") from err
-    extra = fn(res, out_dir) or {}
-    res["figures"] = [str(p) for p in extra.get("figures", [])]
-    res["report_markdown"] = str(extra.get("markdown", ""))
-    res["derived"] = {k: float(v) for k, v in (extra.get("numbers") or {}).items()}
+    extras = fn(result, out_dir)
+    if not isinstance(extras, ReportExtras):
+        raise CardError(
+            f"{card.path}: report_hook {card.report_hook} returned {type(extras).__name__}, "
+            "not a ReportExtras"
+        )
+    result.extras = extras
 
 
 # ---- report -------------------------------------------------------------------------------------
@@ -279,143 +278,135 @@ def _verdict(v: bool | None) -> str:
     return {True: "PASS", False: "FAIL", None: "n/a"}[v]
 
 
-def render_markdown(card: Card, res: dict[str, Any], command: str) -> str:
+def render_markdown(card: Card, res: CardResult, command: str) -> str:
     lines = [
-        f"# {card.title} — reproduction ({res['scale']})",
+        f"# {card.title} — reproduction ({res.scale})",
         "",
         f"**Claim.** {card.claim}",
         "",
         f"Command: `{command}`  ",
-        f"Date: {res['date']}, seeds {res['seeds']}, wall time {res['wall_time_s']} s "
-        f"({res['reused_runs']} of {res['total_runs']} runs reused from earlier invocations)",
+        f"Date: {res.date}, seeds {res.seeds}, wall time {res.wall_time_s} s "
+        f"({res.reused_runs} of {res.total_runs} runs reused from earlier invocations)",
         "",
         "| run | metric | mean ± std | per seed | recorded |",
         "|---|---|---|---|---|",
     ]
     recorded = card.recorded.get("results") or {}
-    for name, r in res["runs"].items():
+    for name, r in res.runs.items():
         rec = recorded.get(name) or {}
         rec_text = f"{_fmt(rec['mean'])} ± {_fmt(rec.get('std', 0.0))}" if "mean" in rec else "—"
         lines.append(
-            f"| {name} | {r['metric']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} | "
-            f"{', '.join(_fmt(v) for v in r['values'])} | {rec_text} |"
+            f"| {name} | {r.metric} | {_fmt(r.mean)} ± {_fmt(r.std)} | "
+            f"{', '.join(_fmt(v) for v in r.values)} | {rec_text} |"
         )
-    lines += ["", f"**Expectation** (paper's direction): `{res['expectation']}`", ""]
+    lines += ["", f"**Expectation** (paper's direction): `{res.expectation}`", ""]
     lines += [
         f"- {'skipped (optional runs; --all runs them)' if c.get('skipped') else _verdict(c['holds'])}: "
         f"`{c['clause']}`"
-        for c in res["clauses"]
+        for c in res.clauses
     ]
-    lines += ["", f"**Verdict: {_verdict(res['passed'])}**", ""]
-    if res.get("derived"):
+    lines += ["", f"**Verdict: {_verdict(res.passed)}**", ""]
+    if res.extras.numbers:
         lines += ["## Derived numbers", "", "| name | value |", "|---|---|"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in res["derived"].items()] + [""]
-    if res.get("report_markdown"):
-        lines += [res["report_markdown"].strip(), ""]
-    for fig in res.get("figures", []):
+        lines += [f"| {k} | {_fmt(v)} |" for k, v in res.extras.numbers.items()] + [""]
+    if res.extras.markdown:
+        lines += [res.extras.markdown.strip(), ""]
+    for fig in res.extras.figures:
         lines += [f"![{Path(fig).stem}]({Path(fig).name})", ""]
     if card.paper_numbers:
         lines += ["## Paper's numbers", "", card.paper_numbers.strip(), ""]
     return "\n".join(lines)
 
 
-def print_table(card: Card, res: dict[str, Any]) -> None:
+def print_table(card: Card, res: CardResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{card.slug}: {card.title} ({res['scale']}, seeds {res['seeds']})")
+    table = Table(title=f"{card.slug}: {card.title} ({res.scale}, seeds {res.seeds})")
     for col in ("run", "metric", "mean ± std", "per seed"):
         table.add_column(col)
-    for name, r in res["runs"].items():
-        table.add_row(
-            name,
-            r["metric"],
-            f"{_fmt(r['mean'])} ± {_fmt(r['std'])}",
-            ", ".join(_fmt(v) for v in r["values"]),
-        )
+    for name, r in res.runs.items():
+        table.add_row(name, r.metric, f"{_fmt(r.mean)} ± {_fmt(r.std)}", ", ".join(_fmt(v) for v in r.values))
     console = Console(width=None if sys.stdout.isatty() else 120)  # a log file still gets readable rows
     console.print(table)
-    console.print(f"expectation: {res['expectation']}")
-    for c in res["clauses"]:
+    console.print(f"expectation: {res.expectation}")
+    for c in res.clauses:
         console.print(f"  {'skip' if c.get('skipped') else _verdict(c['holds'])}  {c['clause']}")
-    for k, v in (res.get("derived") or {}).items():
+    for k, v in res.extras.numbers.items():
         console.print(f"  {k} = {_fmt(v)}")
     console.print(
-        f"[bold]{_verdict(res['passed'])}[/bold]  ({res['wall_time_s']} s; "
-        f"{res['reused_runs']} of {res['total_runs']} runs reused)"
+        f"[bold]{_verdict(res.passed)}[/bold]  ({res.wall_time_s} s; {res.reused_runs} of {res.total_runs} runs reused)"
     )
 
 
-def plot(res: dict[str, Any], path: Path) -> None:
+def plot(res: CardResult, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     groups: dict[str, list[str]] = {}
-    for name, r in res["runs"].items():
-        groups.setdefault(r["metric"], []).append(name)
-    fig, axes = plt.subplots(
-        1,
-        len(groups),
-        figsize=(4 + 1.2 * max(len(v) for v in groups.values()) * len(groups), 3.6),
-        squeeze=False,
-    )
+    for name, r in res.runs.items():
+        groups.setdefault(r.metric, []).append(name)
+    width = 4 + 1.2 * max(len(v) for v in groups.values()) * len(groups)
+    fig, axes = plt.subplots(1, len(groups), figsize=(width, 3.6), squeeze=False)
     for ax, (metric, names) in zip(axes[0], groups.items()):
-        means = [res["runs"][n]["mean"] for n in names]
-        stds = [res["runs"][n]["std"] for n in names]
+        runs = [res.runs[n] for n in names]
         # points, not bars from zero: the differences that matter are often small against the values
-        for i, n in enumerate(names):
-            ax.scatter(
-                [i] * len(res["runs"][n]["values"]), res["runs"][n]["values"], color="0.6", s=10, zorder=2
-            )
-        ax.errorbar(range(len(names)), means, yerr=stds, fmt="o", color="tab:blue", capsize=4, zorder=3)
+        for i, r in enumerate(runs):
+            ax.scatter([i] * len(r.values), r.values, color="0.6", s=10, zorder=2)
+        ax.errorbar(
+            range(len(names)),
+            [r.mean for r in runs],
+            yerr=[r.std for r in runs],
+            fmt="o",
+            color="tab:blue",
+            capsize=4,
+            zorder=3,
+        )
         ax.set_xlim(-0.5, len(names) - 0.5)
         ax.grid(axis="y", alpha=0.3)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
         ax.set_ylabel(metric)
-    fig.suptitle(f"{res['slug']} ({res['scale']}): {_verdict(res['passed'])}")
+    fig.suptitle(f"{res.slug} ({res.scale}): {_verdict(res.passed)}")
     fig.tight_layout()
-    tmp = path.with_name("." + path.name)
-    fig.savefig(tmp, dpi=110, format="png")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    tmp.replace(path)
 
 
-def record_into_card(card: Card, res: dict[str, Any], command: str) -> None:
+def record_into_card(card: Card, res: CardResult, command: str) -> None:
     """Replace the card's ``recorded:`` block (kept last in the file) with this run's measured numbers."""
     assert card.path is not None
+    results = {
+        n: {
+            "metric": r.metric,
+            "mean": round(r.mean, 6),
+            "std": round(r.std, 6),
+            "values": [round(v, 6) for v in r.values],
+        }
+        for n, r in res.runs.items()
+    }
     block = {
         "recorded": {
-            "date": res["date"],
+            "date": res.date,
             "command": command,
-            "scale": res["scale"],
-            "seeds": res["seeds"],
-            "passed": res["passed"],
-            "wall_time_s": res["wall_time_s"],
-            "results": {
-                n: {
-                    "metric": r["metric"],
-                    "mean": round(r["mean"], 6),
-                    "std": round(r["std"], 6),
-                    "values": [round(v, 6) for v in r["values"]],
-                }
-                for n, r in res["runs"].items()
-            },
+            "scale": res.scale,
+            "seeds": res.seeds,
+            "passed": res.passed,
+            "wall_time_s": res.wall_time_s,
+            "results": results,
         }
     }
     # runs this invocation did not repeat (optional ones, or left out by --only) keep their earlier numbers
     earlier = card.recorded or {}
     for name, entry in (earlier.get("results") or {}).items():
-        if name in card.runs and name not in res["runs"]:
-            block["recorded"]["results"][name] = {
+        if name in card.runs and name not in res.runs:
+            results[name] = {
                 **entry,
                 "from": entry.get("from") or f"{earlier.get('date')}: {earlier.get('command')}",
             }
-    derived = {
-        **(earlier.get("derived") or {}),
-        **{k: round(v, 6) for k, v in (res.get("derived") or {}).items()},
-    }
+    derived = {**(earlier.get("derived") or {}), **{k: round(v, 6) for k, v in res.extras.numbers.items()}}
     if derived:
         block["recorded"]["derived"] = derived
     text = card.path.read_text()
@@ -489,8 +480,6 @@ def main(argv: list[str]) -> int:
     except CardError as err:
         print(f"litlab repro: {err}", file=sys.stderr)
         return 2
-    from litlab.lit_modules.core.errors import ResourceUnavailableError
-
     try:
         res = reproduce(
             card,
@@ -509,11 +498,11 @@ def main(argv: list[str]) -> int:
     command = "litlab repro " + " ".join(argv)
     out_dir = args.out / card.slug
     call_report_hook(card, res, out_dir)
-    atomic_write_json(out_dir / "results.json", res)
+    atomic_write_json(out_dir / "results.json", res.to_json())
     atomic_write_text(out_dir / "report.md", render_markdown(card, res, command))
     plot(res, out_dir / f"{card.slug}_{args.scale}.png")
     print_table(card, res)
     print(f"report: {out_dir / 'report.md'}", file=sys.stderr)
     if args.record:
         record_into_card(card, res, command)
-    return 0 if res["passed"] in (True, None) else 1
+    return 0 if res.passed in (True, None) else 1

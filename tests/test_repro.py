@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from litlab.lit_modules.core.errors import CardError
+from litlab.lit_modules.core.results import ReportExtras
 
 from litlab.cards import evaluate, load_card, split_clauses
 from litlab.repro import main as repro_main
@@ -45,14 +46,14 @@ def write_card(tmp_path, text=TINY_CARD, name="tiny.yaml"):
 def test_harness_runs_reuses_and_reports(tmp_path, capsys):
     card = load_card(write_card(tmp_path))
     res = reproduce(card, out_root=tmp_path / "repro")
-    assert res["passed"] is True and [c["holds"] for c in res["clauses"]] == [True, True]
-    assert res["runs"]["plus_rank"]["mean"] == 64.0
-    assert len(res["runs"]["lora"]["values"]) == 2 and res["runs"]["lora"]["std"] > 0
-    assert not any(r["reused"] for r in res["runs"]["lora"]["runs"])
-    assert all(r["reused"] for r in res["runs"]["plus_rank"]["runs"])  # same config as `plus`: not rerun
+    assert res.passed is True and [c["holds"] for c in res.clauses] == [True, True]
+    assert res.runs["plus_rank"].mean == 64.0
+    assert len(res.runs["lora"].values) == 2 and res.runs["lora"].std > 0
+    assert not any(r.reused for r in res.runs["lora"].runs)
+    assert all(r.reused for r in res.runs["plus_rank"].runs)  # same config as `plus`: not rerun
     again = reproduce(card, out_root=tmp_path / "repro")  # an interrupted repro resumes: nothing re-runs
-    assert all(r["reused"] for run in again["runs"].values() for r in run["runs"])
-    assert again["runs"]["lora"]["values"] == res["runs"]["lora"]["values"]
+    assert all(r.reused for run in again.runs.values() for r in run.runs)
+    assert again.runs["lora"].values == res.runs["lora"].values
 
 
 def test_command_writes_report_and_exit_code_follows_expectation(tmp_path, capsys):
@@ -70,17 +71,14 @@ def test_command_writes_report_and_exit_code_follows_expectation(tmp_path, capsy
 
 def ratio_hook(res, out_dir):
     """A report hook as a card names it: reads each seed's run folder, writes a figure, derives a number."""
-    lora = [
-        json.loads((Path(r["run_dir"]) / "summary.json").read_text())["metrics"]["val/rel_err"]
-        for r in res["runs"]["lora"]["runs"]
-    ]
+    lora = [r.summary_metrics()["val/rel_err"] for r in res.runs["lora"].runs]
     figure = out_dir / "extra.png"
     figure.write_bytes(b"png")
-    return {
-        "figures": [figure],
-        "markdown": "## Extra section",
-        "numbers": {"plus_over_lora": res["runs"]["plus"]["mean"] / lora[0]},
-    }
+    return ReportExtras(
+        figures=[figure],
+        markdown="## Extra section",
+        numbers={"plus_over_lora": res.runs["plus"].mean / lora[0]},
+    )
 
 
 def test_report_hook_adds_figures_sections_and_recorded_numbers(tmp_path):
@@ -99,7 +97,7 @@ def test_report_hook_adds_figures_sections_and_recorded_numbers(tmp_path):
 def test_only_runs_a_subset_and_leaves_the_verdict_open(tmp_path):
     card = load_card(write_card(tmp_path))
     res = reproduce(card, seeds=[0], only=["plus"], out_root=tmp_path / "repro")
-    assert list(res["runs"]) == ["plus"] and res["passed"] is None
+    assert list(res.runs) == ["plus"] and res.passed is None
     with pytest.raises(CardError, match="unknown runs \\['nope'\\]"):
         reproduce(card, only=["nope"], out_root=tmp_path / "repro")
 
@@ -182,8 +180,8 @@ def test_optional_runs_need_all_and_their_clauses_are_skipped(tmp_path):
     path = write_card(tmp_path, text)
     card = load_card(path)
     res = reproduce(card, seeds=[0], out_root=tmp_path / "repro")
-    assert "plus_rank" not in res["runs"] and res["passed"] is True
-    assert [c.get("skipped", False) for c in res["clauses"]] == [False, True]
+    assert "plus_rank" not in res.runs and res.passed is True
+    assert [c.get("skipped", False) for c in res.clauses] == [False, True]
     repro_main([str(path), "--out", str(tmp_path / "repro"), "--seeds", "0", "--record"])
     repro_main(
         [str(path), "--out", str(tmp_path / "repro"), "--seeds", "0", "--only", "plus_rank", "--record"]
@@ -193,18 +191,16 @@ def test_optional_runs_need_all_and_their_clauses_are_skipped(tmp_path):
         set(recorded) == {"lora", "plus", "plus_rank"} and "from" in recorded["lora"]
     )  # earlier numbers kept
     full = reproduce(card, seeds=[0], out_root=tmp_path / "repro", include_optional=True)
-    assert full["runs"]["plus_rank"]["mean"] == 64.0 and full["passed"] is True
+    assert full.runs["plus_rank"].mean == 64.0 and full.passed is True
 
 
 def test_jobs_run_in_worker_processes_with_the_same_numbers(tmp_path):
     card = load_card(write_card(tmp_path))
     parallel = reproduce(card, seeds=[0], out_root=tmp_path / "par", jobs=2)
-    assert not any(r["reused"] for r in parallel["runs"]["lora"]["runs"] + parallel["runs"]["plus"]["runs"])
-    assert all(r["reused"] for r in parallel["runs"]["plus_rank"]["runs"])  # shares `plus`'s run
+    assert not any(r.reused for r in parallel.runs["lora"].runs + parallel.runs["plus"].runs)
+    assert all(r.reused for r in parallel.runs["plus_rank"].runs)  # shares `plus`'s run
     assert (tmp_path / "par" / "tiny" / "logs" / "lora-s0.log").exists()
     serial = reproduce(card, seeds=[0], out_root=tmp_path / "ser")
-    assert {n: r["values"] for n, r in parallel["runs"].items()} == {
-        n: r["values"] for n, r in serial["runs"].items()
-    }
+    assert {n: r.values for n, r in parallel.runs.items()} == {n: r.values for n, r in serial.runs.items()}
     again = reproduce(card, seeds=[0], out_root=tmp_path / "par", jobs=2)
-    assert all(r["reused"] for run in again["runs"].values() for r in run["runs"])
+    assert all(r.reused for run in again.runs.values() for r in run.runs)
