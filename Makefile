@@ -52,14 +52,16 @@ rl: install
 demo: install
 	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/litlab repro lokra
 
-test: install-dev
+test: install-dev lint
 	WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q --durations=10
 
 test-slow: install-dev
 	WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m slow
 
+# ruff's lint rules and its formatter (pyproject [tool.ruff]); .pre-commit-config.yaml runs the same two
 lint: install-dev
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf runs wandb lightning_logs
