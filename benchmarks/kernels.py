@@ -1,9 +1,9 @@
-"""GPU benchmark of the four kernels against their PyTorch / SDPA / cuBLAS baselines (`_kernels.md` §a-c2).
+"""GPU benchmark of the four kernels against their PyTorch / SDPA / cuBLAS baselines.
 
     litlab bench kernels --kernel a b c1 c2 [--quick] [--out bench.md]
 
 Times with ``triton.testing.do_bench`` (warmup 25, rep 100, median), bf16, and writes a markdown table with the
-achieved TFLOP/s or GB/s beside the roofline floor of the detected GPU (H100/H200 constants of `_kernels.md` §0).
+achieved TFLOP/s or GB/s beside the roofline floor of the detected GPU (H100/H200 datasheet constants).
 ``--cpu-smoke`` runs tiny shapes on the CPU with a wall-clock timer (Triton interpreter, so the numbers mean
 nothing): it only exercises the table code in tests without a GPU.
 """
@@ -51,7 +51,7 @@ def timer(cpu: bool):
 
 
 def sink_local_random_mask(B, H, N, bq, bk, rho, device):
-    """Reserved sink + local-128 blocks plus random middle blocks at density ``rho`` (§a benchmark masks)."""
+    """Reserved sink + local-128 blocks plus random middle blocks at density ``rho``."""
     nq, nk = math.ceil(N / bq), math.ceil(N / bk)
     mask = torch.rand(B, H, nq, nk, device=device) < rho
     qb = torch.arange(nq, device=device)[:, None]

@@ -1,4 +1,4 @@
-"""Synthetic matrix-approximation targets (lokra.md §6a): can an adapter's ΔW express a target matrix T?"""
+"""Synthetic matrix-approximation targets (the matrix-approximation experiment of LoKRA, ICML 2026): can an adapter's ΔW express a target matrix T?"""
 
 from __future__ import annotations
 

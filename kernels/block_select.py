@@ -1,10 +1,11 @@
-"""Kernel b: low-bit Q·Kᵀ block selection (SALE's selection pass), `_kernels.md` §b and `sale.md` §3.2-3.3.
+"""Kernel b: low-bit Q·Kᵀ block selection, the selection pass of SALE (low-bit estimation for sparse attention in
+long-context prefilling, arXiv 2505.24179).
 
 Per query block ``b`` and head ``h``: reserved key blocks (sink block 0 + the last ``n_loc`` causal blocks) get
 exact logits ``z = scale·q·k'`` and row statistics ``m_i, l_i``; the threshold is ``T_i = m_i + ln(tau·l_i)``
 (raw-logit units ``/scale``). A middle block is selected iff some entry's 4-bit estimate
 ``s_hat = s_q·s_k·<Qi, Ki> + c`` exceeds ``T_i``, i.e. its Relative Attention Score ``exp(z - m_i)/l_i > tau``.
-Reconstructed from the official CUDA kernel (paper text unreachable, `sale.md` §8).
+Reconstructed from the official CUDA kernel (reconstructed: the paper's text could not be read).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, use_triton
 
 
 def smooth_quantize(q, k, bits: int = 4):
-    """`sale.md` §3.2: k' = k - mean_t k; per-token symmetric ``bits``-bit codes of q - mean(q) and k'.
+    """Quantisation stage: k' = k - mean_t k; per-token symmetric ``bits``-bit codes of q - mean(q) and k'.
 
     Returns k_s [B,H_kv,N,d], qi [B,H,M,d] int8, ki [B,H_kv,N,d] int8, sq [B,H,M], sk [B,H_kv,N], c [B,H,N] fp32.
     ``bits=16`` emulates no rounding (qi/ki are then the unrounded float codes, fp32).
@@ -41,7 +42,7 @@ def smooth_quantize(q, k, bits: int = 4):
 
 
 def reserved_blocks(qb: int, n_tokens: int, block_q: int, block_k: int, local_blocks: int, seg_blocks: int):
-    """`sale.md` §3.3 step 1 for query block ``qb``: (n_max causal key blocks, n_loc local blocks, middle range)."""
+    """Selection step 1 for query block ``qb``: (n_max causal key blocks, n_loc local blocks, middle range)."""
     n_max = math.ceil(min((qb + 1) * block_q, n_tokens) / block_k)
     n = n_max - 1
     n_loc = n if n <= local_blocks else local_blocks + (n - local_blocks) % seg_blocks
@@ -64,7 +65,7 @@ def block_select_reference(
     sm_scale=None,
     return_margin=False,
 ):
-    """PyTorch §3.3, vectorised over heads and key blocks, one loop step per query block; same inputs as the
+    """PyTorch selection, vectorised over heads and key blocks, one loop step per query block; same inputs as the
     kernel. ``margin[b,h,qb,kb] = max(est - T)`` over the block's causal entries (raw-logit units, NaN where not
     a middle block); a middle block is selected iff ``margin > 0``. Memory O(H * block_q * N) per step."""
     B, H, N, d = q.shape

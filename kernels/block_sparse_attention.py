@@ -1,4 +1,4 @@
-"""Kernel a: block-sparse flash attention with a block mask (SALE's computation pass), `_kernels.md` §a.
+"""Kernel a: block-sparse flash attention with a block mask (SALE's computation pass) (SALE, arXiv 2505.24179; FlashAttention's online softmax, arXiv 2205.14135).
 
 Query row ``i`` (absolute position ``i + N - M``: bottom-right aligned) attends to key ``j`` iff
 ``block_mask[b, h, i // block_q, j // block_k]`` and (not causal or ``j <= i + N - M``). Softmax over the allowed
@@ -66,7 +66,9 @@ def _block_sparse_attn_fwd(
         mask=offs_m[:, None] < M,
         other=0.0,
     )
-    if UPCAST:  # the interpreter's tl.dot is wrong on bf16 (`_kernels.md` §0 rule 2)
+    if (
+        UPCAST
+    ):  # the interpreter's tl.dot is wrong on bf16 (upcast under TRITON_INTERPRET: see kernels/dispatch.py)
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
@@ -136,7 +138,7 @@ def _check(q, k, v, block_mask, block_q, block_k):
 def block_sparse_attention_reference(
     q, k, v, block_mask, block_q=64, block_k=32, causal=True, sm_scale=None, return_lse=False
 ):
-    """Dense fp32 attention with the block mask expanded to elements (`_kernels.md` §a reference)."""
+    """Dense fp32 attention with the block mask expanded to elements (the reference the kernel is tested against)."""
     g = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(g, 1).float()
     v = v.repeat_interleave(g, 1).float()

@@ -1,4 +1,4 @@
-"""One dispatch rule for every kernel in `kernels/` (`_kernels.md` §0).
+"""One dispatch rule for every kernel in `kernels/`.
 
 ``impl="auto"``: Triton on CUDA tensors, the PyTorch reference elsewhere. ``impl="triton"`` forces the kernel;
 on CPU tensors that needs the Triton interpreter (``TRITON_INTERPRET=1``). ``impl="reference"`` forces PyTorch.

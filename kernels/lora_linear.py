@@ -1,4 +1,4 @@
-"""Kernel c2: fused LoRA linear ``y = x W^T + bias + scaling (x A^T) B^T`` with autograd, `_kernels.md` §c2.
+"""Kernel c2: fused LoRA linear ``y = x W^T + bias + scaling (x A^T) B^T`` with autograd (LoRA, Hu et al., arXiv 2106.09685).
 
 Forward is one Triton kernel (both products accumulated in one pass over ``in``, the rank-r intermediate kept in
 registers); backward uses PyTorch matmuls. For adapter code: call ``lora_linear(x, base.weight, A, B, s,

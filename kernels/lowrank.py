@@ -1,4 +1,4 @@
-"""Kernel c1: gather + low-rank reconstruct with fused RoPE (xKV Selective Reconstruction), `_kernels.md` §c1.
+"""Kernel c1: gather + low-rank reconstruct with fused RoPE (xKV Selective Reconstruction) (xKV: Cross-Layer SVD for KV-Cache Compression, arXiv 2503.18893, Selective Reconstruction).
 
 ``out[b,h,s,:] = RoPE_t(a[b,t,:] @ bmat[b,h])`` with ``t = idx[b,h,s//chunk]*chunk + s%chunk``. RoPE is the
 rotate-half convention of Llama: ``x*cos[t] + rotate_half(x)*sin[t]``, ``rotate_half(x) = [-x2, x1]``. The kernel

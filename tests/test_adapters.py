@@ -1,4 +1,4 @@
-"""Adapter core invariants (shared/methods/_lora_core.md §7, lokra.md §7.1)."""
+"""Adapter core invariants (merge/unmerge, per-module ranks, hooks; LoKRA's adapter modes)."""
 
 import pytest
 import torch

@@ -1,7 +1,7 @@
-"""Kernels a, b, c1, c2 (`_kernels.md`) vs their PyTorch references on the CPU under the Triton interpreter.
+"""Kernels a, b, c1, c2 against their PyTorch references on the CPU under the Triton interpreter.
 
 Fresh random inputs per test (seeded by the test's name), outputs poisoned before each launch (NaN / 0xFF), the
-tolerances of `_kernels.md` §0. The GPU benchmark smoke test is marked `gpu` and skipped without CUDA.
+tolerances written beside each test. The GPU benchmark smoke test is marked `gpu` and skipped without CUDA.
 """
 
 import os
@@ -132,7 +132,7 @@ def test_block_select_estimate_accuracy_and_reserved_table():
         k_s, qi, ki, sq, sk, c = smooth_quantize(q, k, bits)
         est = (qi.float() @ ki.float().transpose(-1, -2)) * sq[..., None] * sk[..., None, :] + c[..., None, :]
         assert rel(est, exact) < tol
-    assert reserved_blocks(5, 1024, 64, 32, 4, 4) == (12, 7, range(1, 5))  # sale.md §7.3's hand-computed row
+    assert reserved_blocks(5, 1024, 64, 32, 4, 4) == (12, 7, range(1, 5))  # a row computed by hand
 
 
 # ---- c1. gather + low-rank reconstruct + RoPE ----------------------------------------------------------------

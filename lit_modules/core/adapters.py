@@ -1,4 +1,4 @@
-"""The adapter core every LoRA-family method in litlab stands on (shared/methods/_lora_core.md, lokra.md §5).
+"""The adapter core every LoRA-family method in litlab stands on (named branches as in LoRA, Hu et al., arXiv 2106.09685; the Khatri–Rao branch of KRAdapter, arXiv 2508.00230, and LoKRA, ICML 2026).
 
 ``AdapterLinear`` wraps a frozen ``nn.Linear`` and holds named *branches*; each branch adds a trainable
 update ``ΔW`` to the frozen weight:
@@ -84,7 +84,7 @@ class LowRankBranch(nn.Module):
         return self.A.dtype
 
     def kruskal_factors(self) -> list[Tensor]:
-        """Matrices whose columns should be k-independent: A and Bᵀ (lokra.md §3.2)."""
+        """Matrices whose columns should be k-independent: A and Bᵀ (LoKRA's Kruskal-rank condition on the factors)."""
         return [self.A, self.B.T]
 
     def delta_weight(self, coeff: Tensor | None = None) -> Tensor:
@@ -96,9 +96,9 @@ class LowRankBranch(nn.Module):
 
 
 class KhatriRaoBranch(nn.Module):
-    """ΔW = s · (D ⊙ C)[:d_out], D ∈ R^{r₁×d_in} Kaiming, C ∈ R^{r₂×d_in} zero (lokra.md §3.3).
+    """ΔW = s · (D ⊙ C)[:d_out], D ∈ R^{r₁×d_in} Kaiming, C ∈ R^{r₂×d_in} zero (LoKRA+, the Khatri–Rao parameterisation of KRAdapter, arXiv 2508.00230).
 
-    Reconstructed (lokra.md §8): r₂ = ⌈d_out/r₁⌉ by default, scale α/r₁, Khatri–Rao over the input
+    Reconstructed (LoKRA's text could not be read; chosen): r₂ = ⌈d_out/r₁⌉ by default, scale α/r₁, Khatri–Rao over the input
     columns with surplus rows dropped. ``factored=True`` uses the einsum path instead of materialising ΔW.
     """
 
