@@ -21,6 +21,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from litlab.kernels.block_select import quant_qk_block_select, smooth_quantize
+from litlab.kernels.block_sparse_attention import block_sparse_attention
+from litlab.kernels.lora_linear import lora_linear, lora_linear_reference
+from litlab.kernels.lowrank import gather_lowrank_reconstruct, gather_lowrank_reconstruct_reference
+
 PEAK = {
     "H100": {"tflops": 989.0, "tops_int8": 1979.0, "tbps": 3.35},
     "H200": {"tflops": 989.0, "tops_int8": 1979.0, "tbps": 4.8},
@@ -62,8 +67,6 @@ def sink_local_random_mask(B, H, N, bq, bk, rho, device):
 
 
 def bench_a(quick, dev, dtype, measure, peak):
-    from litlab.kernels.block_sparse_attention import block_sparse_attention
-
     rows = []
     H, Hk, d = (2, 1, 32) if dev == "cpu" else (32, 8, 128)
     lengths = [256] if dev == "cpu" else ([8192] if quick else [8192, 16384, 32768, 65536, 131072])
@@ -100,8 +103,6 @@ def bench_a(quick, dev, dtype, measure, peak):
 
 
 def bench_b(quick, dev, dtype, measure, peak):
-    from litlab.kernels.block_select import quant_qk_block_select, smooth_quantize
-
     rows = []
     H, Hk, d = (2, 1, 32) if dev == "cpu" else (32, 8, 128)
     lengths = [256] if dev == "cpu" else ([16384] if quick else [16384, 32768, 65536, 131072])
@@ -136,8 +137,6 @@ def bench_b(quick, dev, dtype, measure, peak):
 
 
 def bench_c1(quick, dev, dtype, measure, peak):
-    from litlab.kernels.lowrank import gather_lowrank_reconstruct, gather_lowrank_reconstruct_reference
-
     rows = []
     Hk, d, L = (2, 32, 512) if dev == "cpu" else (8, 128, 65536)
     cases = (
@@ -174,8 +173,6 @@ def bench_c1(quick, dev, dtype, measure, peak):
 
 
 def bench_c2(quick, dev, dtype, measure, peak):
-    from litlab.kernels.lora_linear import lora_linear, lora_linear_reference
-
     rows = []
     n = 64 if dev == "cpu" else 4096
     cases = (

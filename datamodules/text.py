@@ -12,8 +12,16 @@ from typing import Literal
 
 import lightning as L
 import torch
-from litlab.lit_modules.core.corpus import CharTokenizer, local_text_corpus
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from litlab.lit_modules.core.corpus import CharTokenizer, local_text_corpus
+from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.core.hf import (
+    download_instructions,
+    hub_unreachable_reason,
+    load_tokenizer,
+    offline_env_var,
+)
 
 
 class _Windows(Dataset):
@@ -160,13 +168,6 @@ class HubTextDataModule(L.LightningDataModule):
         if block_size <= 0 or batch_size <= 0:
             raise ValueError(f"block_size={block_size} and batch_size={batch_size} must be positive")
         self.save_hyperparameters()
-        from litlab.lit_modules.core.errors import DatasetUnavailableError
-        from litlab.lit_modules.core.hf import (
-            download_instructions,
-            hub_unreachable_reason,
-            load_tokenizer,
-            offline_env_var,
-        )
 
         try:
             import datasets  # noqa: F401

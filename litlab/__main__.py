@@ -20,7 +20,7 @@ TOOLS = {
 def prepare_process() -> None:
     """What every litlab process sets before a run (also the worker processes of ``litlab repro --jobs``)."""
     # wandb must never block a run for a login prompt: offline unless the user logged in (litlab.runs.wandb_mode).
-    from litlab.runs import wandb_mode
+    from litlab.runs import wandb_mode  # lazy, like litlab.cli below: both import Lightning (seconds)
 
     os.environ.setdefault("WANDB_MODE", wandb_mode())
     os.environ.setdefault("WANDB_SILENT", "true")
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     prepare_process()
     if argv and argv[0] in TOOLS:
         return importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
-    from litlab.cli import LitlabCLI
+    from litlab.cli import LitlabCLI  # imports every method module: only for LightningCLI's subcommands
 
     LitlabCLI(args=None if from_shell else argv)  # LightningCLI reads sys.argv itself when run from a shell
     return 0

@@ -76,7 +76,10 @@ _CHILD_REUSED = 3  # exit code of a child whose run had already finished
 def _child_fit(args: list[str]) -> int:
     """Entry point of a ``--jobs`` worker process: one fit, skipped when it already finished."""
     from litlab.__main__ import prepare_process
-    from litlab.cli import LitlabCLI, RunAlreadyFinished
+    from litlab.cli import (
+        LitlabCLI,
+        RunAlreadyFinished,
+    )  # imports every method module: only once a run starts
 
     prepare_process()
     for name in ("lightning.pytorch", "lightning.fabric"):
@@ -129,7 +132,7 @@ def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path)
 
 def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> SeedRun:
     """One LightningCLI fit; returns its summary (reused when it already finished)."""
-    from litlab.cli import LitlabCLI, RunAlreadyFinished
+    from litlab.cli import LitlabCLI, RunAlreadyFinished  # see _child_fit
 
     spec = card.runs[run_name]
     args = fit_args(card, run_name, scale, seed, out_dir, extra)

@@ -26,7 +26,7 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 def run_dir_of(fit_args: list[str], subcommand: str = "fit") -> Path:
     """The folder ``litlab <subcommand> <fit_args>`` will use, from the parsed config alone (nothing is built)."""
-    from litlab.cli import LitlabCLI
+    from litlab.cli import LitlabCLI  # imports every method module: `litlab slurm --help` stays instant
 
     class _Stop(Exception):
         pass

@@ -14,7 +14,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def build_wheel(out: Path) -> Path:
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
     )
@@ -35,7 +46,9 @@ def test_the_wheel_installs_one_top_level_name_beside_hugging_face_kernels(tmp_p
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     (site / "kernels").mkdir()
-    (site / "kernels" / "__init__.py").write_text('"""Hugging Face kernel hub (stand-in)."""\nget_kernel = object()\n')
+    (site / "kernels" / "__init__.py").write_text(
+        '"""Hugging Face kernel hub (stand-in)."""\nget_kernel = object()\n'
+    )
     info = site / "kernels-0.17.2.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kernels\nVersion: 0.17.2\n")
@@ -44,8 +57,12 @@ def test_the_wheel_installs_one_top_level_name_beside_hugging_face_kernels(tmp_p
         "print(kernels.__file__); print(ours.__file__); print(md.version('kernels')); print(hasattr(kernels, 'get_kernel'))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": ""},
-        capture_output=True, text=True, check=True,
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": ""},
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert out[0] == str(site / "kernels" / "__init__.py")
     assert out[1] == str(site / "litlab" / "kernels" / "dispatch.py")
