@@ -75,11 +75,9 @@ _CHILD_REUSED = 3  # exit code of a child whose run had already finished
 
 def _child_fit(args: list[str]) -> int:
     """Entry point of a ``--jobs`` worker process: one fit, skipped when it already finished."""
+    # litlab.cli imports every method module (seconds): only once a run starts
     from litlab.__main__ import prepare_process
-    from litlab.cli import (
-        LitlabCLI,
-        RunAlreadyFinished,
-    )  # imports every method module: only once a run starts
+    from litlab.cli import LitlabCLI, RunAlreadyFinished
 
     prepare_process()
     for name in ("lightning.pytorch", "lightning.fabric"):

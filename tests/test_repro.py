@@ -4,10 +4,10 @@ import json
 from pathlib import Path
 
 import pytest
-from litlab.lit_modules.core.errors import CardError
-from litlab.lit_modules.core.results import ReportExtras
 
 from litlab.cards import evaluate, load_card, split_clauses
+from litlab.lit_modules.core.errors import CardError
+from litlab.lit_modules.core.results import ReportExtras
 from litlab.repro import main as repro_main
 from litlab.repro import override_args, reproduce
 

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from torch import Tensor, nn
+
 from litlab.lit_modules.core.io import atomic_path
 from litlab.lit_modules.core.kruskal import khatri_rao
-from torch import Tensor, nn
 
 BranchKind = Literal["lora", "khatri_rao"]
 InitMode = Literal["kaiming_A_zero_B", "given", "orthonormal_in_complement", "zeros"]

@@ -32,6 +32,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.utils import validate_repo_id
+
 from litlab.lit_modules.core.errors import ModelUnavailableError
 from litlab.lit_modules.core.io import atomic_path, cache_dir
 

@@ -14,10 +14,11 @@ from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from litlab.lit_modules.core.corpus import CharTokenizer, local_text_corpus
 from litlab.lit_modules.core.io import atomic_path, cache_dir
 from litlab.lit_modules.core.models import TinyGPT
-from torch import nn
 
 M = TypeVar("M", bound=nn.Module)
 
