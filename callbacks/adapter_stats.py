@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import lightning as L
 import torch
+
 from litlab.lit_modules.core.adapters import AdapterLinear, find_adapters
 from litlab.lit_modules.core.kruskal import effective_rank, sampled_logvol, sampled_sigma_min
 
@@ -16,7 +17,8 @@ def adapter_spectrum(
 ) -> dict[str, float]:
     """Means over adapted layers of: the effective rank of ΔW, and for each branch's Kruskal factors
     (A and Bᵀ, or D and C) the sampled log-volume and median σ_min of random q-column subsets
-    (lokra.md §5; the *minimum* σ_min over samples says little, even Gaussian factors give ~1e-4)."""
+    (the quantities LoKRA's penalty raises; the *minimum* σ_min over samples says little, even Gaussian
+    factors give ~1e-4)."""
     gen = torch.Generator().manual_seed(seed)
     logvol, sigma, erank = [], [], []
     for layer in adapted.values():

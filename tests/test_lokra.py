@@ -1,22 +1,30 @@
-"""LoKRA / LoKRA+ acceptance checks (shared/methods/lokra.md §7)."""
+"""LoKRA / LoKRA+ checks ("LoKRA / LoKRA+: Low Kruskal-Rank Adaptation", ICML 2026): identity at init, the
+Khatri–Rao product and its Kruskal lemma, the (reconstructed) penalty's invariants, its effect against LoRA."""
 
 import math
 
 import lightning as L
 import pytest
 import torch
+
 from litlab.datamodules.matrix_approx import MatrixApproxDataModule, make_target
 from litlab.lit_modules.core.kruskal import (
-    blockwise_logdet_penalty,
     khatri_rao,
     kruskal_rank_exact,
     sampled_logvol,
     sampled_sigma_min,
 )
-from litlab.lit_modules.peft.lokra import LoKRAMatrixApprox, inject_lokra
+from litlab.lit_modules.peft.lokra import (
+    AdapterPlan,
+    KruskalPenalty,
+    LoKRALanguageModel,
+    LoKRAMatrixApprox,
+    blockwise_logdet_penalty,
+    inject_lokra,
+)
 
 
-# ---- §7.1 zero-init identity + freezing, for all three modes ---------------------------------------
+# ---- zero-init identity + freezing, for all three modes ---------------------------------------
 @pytest.mark.parametrize("mode", ["lora", "lokra", "lokra_plus"])
 def test_modes_start_as_identity_and_train_only_factors(mode):
     from litlab.lit_modules.core.models import TinyGPT
@@ -25,22 +33,25 @@ def test_modes_start_as_identity_and_train_only_factors(mode):
     model = TinyGPT(d_model=32, n_layers=1, n_heads=4, block_size=8).eval()
     x = torch.randint(0, 97, (2, 8))
     before = model(x)
-    adapted = inject_lokra(model, mode, ["q_proj", "v_proj", "up_proj"], rank=4, alpha=8.0)
+    adapted = inject_lokra(
+        model, mode, AdapterPlan(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "up_proj"))
+    )
     assert torch.allclose(model(x), before, atol=1e-6, rtol=0)
     names = {n.rsplit(".", 1)[-1] for n, p in model.named_parameters() if p.requires_grad}
     assert names == ({"D", "C"} if mode == "lokra_plus" else {"A", "B"})
     assert len(adapted) == 3
 
 
-# ---- §7.2 Khatri–Rao correctness ------------------------------------------------------------------
+# ---- Khatri–Rao correctness ------------------------------------------------------------------
 def test_khatri_rao_matches_kron_columns_and_factored_forward():
     g = torch.Generator().manual_seed(0)
     D, C = torch.randn(3, 7, generator=g), torch.randn(4, 7, generator=g)
     KR = khatri_rao(D, C)
     for j in range(7):
         assert torch.allclose(KR[:, j], torch.kron(D[:, j], C[:, j]), atol=1e-6)
-    from litlab.lit_modules.core.adapters import AdapterLinear
     from torch import nn
+
+    from litlab.lit_modules.core.adapters import AdapterLinear
 
     layer = AdapterLinear(nn.Linear(7, 10))
     branch = layer.add_branch("default", kind="khatri_rao", rank=3, alpha=3.0)  # r2 = ceil(10/3) = 4
@@ -54,7 +65,7 @@ def test_khatri_rao_matches_kron_columns_and_factored_forward():
     assert torch.allclose(layer(x), materialised, atol=1e-5)
 
 
-# ---- §7.3 the Kruskal lemma -----------------------------------------------------------------------
+# ---- the Kruskal lemma -----------------------------------------------------------------------
 def test_kruskal_lemma_for_khatri_rao_products():
     for seed in range(20):
         g = torch.Generator().manual_seed(seed)
@@ -69,7 +80,7 @@ def test_duplicated_column_collapses_kruskal_rank_not_rank():
     assert kruskal_rank_exact(A) == 1 and torch.linalg.matrix_rank(A) == 4
 
 
-# ---- §7.4 penalty invariants ----------------------------------------------------------------------
+# ---- penalty invariants ----------------------------------------------------------------------
 def test_penalty_of_orthogonal_blocks_is_its_floor():
     eps = 1e-4
     blocks = [
@@ -95,7 +106,7 @@ def test_penalty_is_scale_free_and_punishes_parallel_columns():
         assert (
             abs(float(blockwise_logdet_penalty(c * M, generator=torch.Generator().manual_seed(3)) - P)) < 1e-5
         )
-    # One 8-column block (§7.4 "of one block"): a pair at cosine 0.999 costs log(1 - 0.999²) ≈ -6.2 of log-det.
+    # One 8-column block: a pair at cosine 0.999 costs log(1 - 0.999²) ≈ -6.2 of log-det.
     # Over nb blocks the mean dilutes that by 1/nb, so the check is made on the block itself.
     block = M[:, :8].clone()
     v = block[:, 1] / block[:, 1].norm()
@@ -120,7 +131,7 @@ def test_penalty_rejects_bad_block_settings():
         blockwise_logdet_penalty(torch.randn(2, 4), block_mode="diagonal")
 
 
-# ---- §7.5 the penalty drives the Kruskal rank up --------------------------------------------------
+# ---- the penalty drives the Kruskal rank up --------------------------------------------------
 def test_penalty_alone_raises_sampled_sigma_min():
     g = torch.Generator().manual_seed(0)
     A0 = torch.randn(8, 64, generator=g)
@@ -145,7 +156,7 @@ def test_penalty_alone_raises_sampled_sigma_min():
     assert (sig > 0.05).float().mean() >= (gauss > 0.05).float().mean()
 
 
-# ---- §7.6–7.7 the effect against LoRA on the matrix benchmark (§6a, seed 0) ----------------------
+# ---- the effect against LoRA on the matrix benchmark (seed 0) -------------------------------
 class _SteppedMatrixApprox(LoKRAMatrixApprox):
     step = 0
 
@@ -158,7 +169,7 @@ def _fit_matrix(mode: str, target: str, lam: float = 0.0, steps: int = 2000) -> 
     """The module's own training_step and optimizer, in a bare loop: the Trainer path of the same
     experiment is exercised by `litlab repro lokra` and the CLI tests; here we want seconds."""
     L.seed_everything(0, verbose=False)
-    module = _SteppedMatrixApprox(mode=mode, lam=lam)
+    module = _SteppedMatrixApprox(mode=mode, penalty=KruskalPenalty(lam=lam))
     batch = next(iter(MatrixApproxDataModule(target=target).train_dataloader()))
     opt = module.configure_optimizers()
     module.log = lambda *args, **kwargs: None  # no Trainer attached
@@ -204,7 +215,7 @@ def test_effect_vs_lora_flat_target_and_lokra_raises_log_volume():
     assert abs(_rel_err(lora, "flat") - _eckart_young("flat")) <= 0.01
     assert abs(_rel_err(plus, "flat") - _kr_optimum("flat")) <= 0.01
     assert _delta_rank(plus) == 64
-    # §7.7: λ = 1e-2 raises the sampled log-volume of both A and Bᵀ by >= 0.2, at <= 0.03 extra error
+    # λ = 1e-2 raises the sampled log-volume of both A and Bᵀ by >= 0.2, at <= 0.03 extra error
     lokra = _fit_matrix("lokra", "flat", lam=1e-2)
     assert _rel_err(lokra, "flat") <= _rel_err(lora, "flat") + 0.03
     for get in (lambda m: m.A, lambda m: m.B.T):
@@ -224,6 +235,32 @@ def test_effect_vs_lora_lowrank_target():
 
 
 def test_lora_mode_ignores_lambda_and_bad_mode_is_named():
-    assert LoKRAMatrixApprox(mode="lora", lam=1.0).current_lam() == 0.0
+    assert LoKRAMatrixApprox(mode="lora", penalty=KruskalPenalty(lam=1.0)).current_lam() == 0.0
     with pytest.raises(ValueError, match="'loha'"):
         LoKRAMatrixApprox(mode="loha")
+
+
+# ---- the typed argument groups --------------------------------------------------------------------
+def test_penalty_group_is_declared_once_and_checks_its_values():
+    import inspect
+
+    for cls in (LoKRAMatrixApprox, LoKRALanguageModel):
+        params = inspect.signature(cls.__init__).parameters
+        assert params["penalty"].annotation in (KruskalPenalty, "KruskalPenalty")
+        assert not {"lam", "penalty_eps", "block_mode", "penalty_seed", "rank"} & set(params)
+    for bad, name in (
+        ({"lam": -1.0}, "lam"),
+        ({"block_mode": "diag"}, "block_mode"),
+        ({"every": 0}, "every"),
+    ):
+        with pytest.raises(ValueError, match=f"penalty.{name}"):
+            KruskalPenalty(**bad)
+
+
+def test_warmup_ramps_lambda_and_every_skips_steps():
+    module = _SteppedMatrixApprox(penalty=KruskalPenalty(lam=1e-2, warmup_steps=4, every=2))
+    module.log = lambda *args, **kwargs: None
+    module.step = 1
+    assert module.current_lam() == pytest.approx(1e-2 * 2 / 4)
+    batch = next(iter(MatrixApproxDataModule(target="diag").train_dataloader()))
+    assert torch.equal(module.training_step(batch, 0), module.task_loss(batch))  # step 1: no penalty

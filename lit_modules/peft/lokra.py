@@ -1,20 +1,26 @@
-"""LoKRA / LoKRA+ — Low Kruskal-Rank Adaptation (ICML 2026). Spec: shared/methods/lokra.md.
+"""LoKRA / LoKRA+ — "LoKRA / LoKRA+: Low Kruskal-Rank Adaptation" (ICML 2026; no arXiv id was reachable).
 
-LoKRA   (§3.2, §3.4): LoRA's ΔW = s·BA, plus λ·P where P is a log-det surrogate of the Kruskal rank of A and Bᵀ.
-LoKRA+  (§3.3):       ΔW = s·(D ⊙ C)[:d_out] (Khatri–Rao), with the same penalty on D and C.
-LoRA                : the baseline, mode="lora" (no penalty; ``lam`` is ignored).
+LoKRA  : LoRA's ΔW = s·BA, plus λ·P where P is a log-det surrogate of the Kruskal rank of A and Bᵀ.
+LoKRA+ : ΔW = s·(D ⊙ C)[:d_out] (Khatri–Rao, as in the prior KRAdapter, Albert et al., ICCV 2025,
+         arXiv 2508.00230), with the same penalty on D and C.
+LoRA   : the baseline, mode="lora" (no penalty; ``penalty.lam`` is ignored).
 
-Reconstructed, not read from the paper (lokra.md §8): the exact penalty (mean over random disjoint q-column
-blocks of −log det(M̃ᵀM̃ + εI) with column-normalised M̃), ε = 1e-4, δ = 1e-6, λ = 1e-3, LoKRA+'s shapes
-r₁ = r, r₂ = ⌈d_out/r₁⌉, its scale α/r₁ and C = 0 init. ``block_mode="fixed"`` and ``penalty_normalize=False``
-keep the spec's alternatives reachable.
+Reconstructed: the paper's exact penalty, its constants and LoKRA+'s factor shapes could not be read (only the
+paper's abstract and its authors' AMD ROCm blog post were). Chosen: the mean over random disjoint q-column
+blocks of −log det(M̃ᵀM̃ + εI) with column-normalised M̃, ε = 1e-4, δ = 1e-6, λ = 1e-3; LoKRA+ with r₁ = r,
+r₂ = ⌈d_out/r₁⌉, scale α/r₁ and C = 0 at init. ``KruskalPenalty(block_mode="fixed")`` and
+``KruskalPenalty(normalize=False)`` keep the alternatives reachable.
 
-Algorithm (§3.5), per training step:
+Algorithm, per training step:
     L_task = loss(model(batch))                              # base frozen, factors trainable
     P      = mean over adapted layers of Σ_M P(M)            # M ∈ {A, Bᵀ} or {D, C}; fresh random blocks
-    L      = L_task + λ(t)·P                                 # λ ramps linearly over penalty_warmup_steps
+    L      = L_task + λ(t)·P                                 # λ ramps linearly over penalty.warmup_steps
     backward; clip ‖∇‖ ≤ 1 (trainer.gradient_clip_val); step
 after training: W₀ ← W₀ + s·ΔW (``merge_adapters``)
+
+The constructors take typed groups (``litlab.lit_modules.core.config.config_part``), each declared once and
+shared by both experiments: ``adapter: AdapterPlan``, ``penalty: KruskalPenalty`` and, for the language model,
+``base: TinyBase``. In YAML: ``model.init_args.penalty.lam``, ``model.init_args.adapter.rank``, ...
 """
 
 from __future__ import annotations
@@ -25,38 +31,142 @@ from typing import Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from litlab.lit_modules.core.adapters import (
     AdapterLinear,
     adapter_parameters,
     adapter_regularizer,
     inject_adapters,
 )
-from litlab.lit_modules.core.kruskal import blockwise_logdet_penalty
-from torch import Tensor, nn
+from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.kruskal import normalize_columns
 
 Mode = Literal["lora", "lokra", "lokra_plus"]
-DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "up_proj", "down_proj"]  # DoRA commonsense protocol (§3.6)
+BlockMode = Literal["random", "fixed"]
+MODES = ("lora", "lokra", "lokra_plus")
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "up_proj", "down_proj")  # DoRA's commonsense protocol
 
 
-def inject_lokra(
-    model: nn.Module,
-    mode: Mode,
-    targets: str | list[str],
-    rank: int | dict,
-    alpha: float | dict,
-    dropout: float = 0.0,
-    r2: int | None = None,
-) -> dict[str, AdapterLinear]:
+# ---- the typed argument groups ------------------------------------------------------------------------
+@config_part
+class KruskalPenalty:
+    """The Kruskal-rank penalty λ·P and its schedule (reconstructed, see the module docstring).
+
+    ``lam`` λ; ``eps`` ε added to each block's Gram; ``delta`` δ guarding zero columns in the normalisation;
+    ``block_mode`` "random" (fresh disjoint blocks each step) or "fixed" (contiguous blocks); ``normalize``
+    unit-norm columns first (False: the unnormalised alternative, pair it with a norm penalty); ``every``
+    add the penalty every this many steps; ``warmup_steps`` ramp λ linearly over these steps (0: none);
+    ``seed`` the blocks of step t are drawn from ``seed + t``.
+    """
+
+    lam: float = 1e-3
+    eps: float = 1e-4
+    delta: float = 1e-6
+    block_mode: BlockMode = "random"
+    normalize: bool = True
+    every: int = 1
+    warmup_steps: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.lam < 0:
+            raise ValueError(f"penalty.lam={self.lam} must be >= 0")
+        if self.block_mode not in ("random", "fixed"):
+            raise ValueError(f"penalty.block_mode must be 'random' or 'fixed', got {self.block_mode!r}")
+        if self.every < 1:
+            raise ValueError(f"penalty.every={self.every} must be >= 1")
+        if self.warmup_steps < 0:
+            raise ValueError(f"penalty.warmup_steps={self.warmup_steps} must be >= 0")
+
+
+@config_part
+class AdapterPlan:
+    """Where and how large the adapters are: ``rank`` r (r₁ for LoKRA+), ``alpha`` α (scale α/r), ``r2``
+    LoKRA+'s second factor's rows (None: ⌈d_out/r₁⌉), ``dropout`` on the adapter's input, ``targets`` name
+    suffixes of the linear layers to adapt (or one regex)."""
+
+    rank: int = 4
+    alpha: float = 8.0
+    r2: int | None = None
+    dropout: float = 0.0
+    targets: tuple[str, ...] | str = DEFAULT_TARGETS
+
+
+@config_part
+class TinyBase:
+    """The frozen base of the quick scale: a TinyGPT pre-trained for ``pretrain_steps`` on the first half of
+    the local corpus (cached; ``litlab.lit_modules.core.pretrain.pretrained_tiny_gpt``)."""
+
+    pretrain_steps: int = 300
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    block_size: int = 128
+
+
+# defaults of the constructors (frozen, so one shared instance is safe)
+MATRIX_ADAPTER = AdapterPlan(rank=8, alpha=8.0, r2=8, targets=("layer",))  # 1024 trainable numbers at 64×64
+LM_ADAPTER = AdapterPlan()
+PENALTY = KruskalPenalty()
+TINY_BASE = TinyBase()
+
+
+# ---- the Kruskal penalty (reconstructed) -----------------------------------------------------------------
+def _column_blocks(n: int, q: int, mode: BlockMode, generator: torch.Generator | None) -> Tensor:
+    """Indices ``[nb, q]`` of disjoint q-column blocks; leftover columns sit out this step."""
+    nb = n // q
+    if nb == 0:
+        raise ValueError(f"block size q={q} is larger than the number of columns n={n}")
+    if mode == "fixed":
+        order = torch.arange(n)
+    elif mode == "random":
+        order = torch.randperm(n, generator=generator)
+    else:
+        raise ValueError(f"block_mode must be 'random' or 'fixed', got {mode!r}")
+    return order[: nb * q].reshape(nb, q)
+
+
+def blockwise_logdet_penalty(
+    M: Tensor,
+    q: int | None = None,
+    generator: torch.Generator | None = None,
+    eps: float = 1e-4,
+    delta: float = 1e-6,
+    block_mode: BlockMode = "random",
+    normalize: bool = True,
+) -> Tensor:
+    """``P(M) = −(1/nb) Σ_S log det(M̃_Sᵀ M̃_S + εI)`` over disjoint q-column blocks S.
+
+    Reconstructed: the paper says the penalty maximises "the log-determinant of each sub-matrix to promote
+    column-wise linear independence"; the blocks, normalisation and ε are our choice. ``M`` is
+    ``[q_rows, n]``; its columns are the vectors that should be k-independent. The block size defaults to
+    the row count, i.e. the maximal Kruskal rank. ``P ≈ −q·log(1+ε)`` when every block is orthonormal and
+    grows without bound as any block's columns become parallel. ``normalize=False`` skips step 1.
+    """
+    q = M.shape[0] if q is None else q
+    Mn = normalize_columns(M, delta) if normalize else M  # 1. unit-norm columns: P(cM) = P(M)
+    blocks = _column_blocks(M.shape[1], q, block_mode, generator).to(M.device)  # 2. disjoint blocks S
+    Ms = Mn[:, blocks].permute(1, 0, 2)  # [nb, rows, q]
+    gram = Ms.transpose(1, 2) @ Ms + eps * torch.eye(q, device=M.device, dtype=M.dtype)  # 3. G_S + εI
+    # Cholesky is cheaper than slogdet and G is SPD by construction (+εI).
+    chol = torch.linalg.cholesky(gram)
+    logdet = 2.0 * torch.log(torch.diagonal(chol, dim1=-2, dim2=-1)).sum(-1)
+    return -logdet.mean()  # 4. P(M) = −mean_S log det
+
+
+def inject_lokra(model: nn.Module, mode: Mode, plan: AdapterPlan) -> dict[str, AdapterLinear]:
     """LoRA and LoKRA share the low-rank branch; LoKRA+ uses the Khatri–Rao branch (r₁ = rank)."""
-    if mode not in ("lora", "lokra", "lokra_plus"):
+    if mode not in MODES:
         raise ValueError(f"mode must be 'lora', 'lokra' or 'lokra_plus', got {mode!r}")
-    extra = {"r2": r2} if mode == "lokra_plus" else {}
+    extra = {"r2": plan.r2} if mode == "lokra_plus" else {}
+    targets = plan.targets if isinstance(plan.targets, str) else list(plan.targets)
     return inject_adapters(
         model,
         targets,
-        rank=rank,
-        alpha=alpha,
-        dropout=dropout,
+        rank=plan.rank,
+        alpha=plan.alpha,
+        dropout=plan.dropout,
         kind="khatri_rao" if mode == "lokra_plus" else "lora",
         **extra,
     )
@@ -66,25 +176,17 @@ class LoKRARule:
     """The part LoKRA adds to an adapted model: the Kruskal penalty. Its effect on the factors is logged by
     ``litlab.callbacks.adapter_stats.AdapterSpectrumCallback`` (configured in configs/lokra/*.yaml)."""
 
-    def __init__(
-        self,
-        adapted: Mapping[str, AdapterLinear],
-        eps: float,
-        delta: float,
-        block_mode: Literal["random", "fixed"],
-        normalize: bool,
-        seed: int,
-    ):
-        self.adapted, self.eps, self.delta = adapted, eps, delta
-        self.block_mode, self.normalize, self.seed = block_mode, normalize, seed
+    def __init__(self, adapted: Mapping[str, AdapterLinear], penalty: KruskalPenalty):
+        self.adapted, self.config = adapted, penalty
 
     def penalty(self, step: int) -> Tensor:
-        """§3.4: mean over layers of P(A) + P(Bᵀ) (or P(D) + P(C)); blocks drawn from seed + step."""
-        gen = torch.Generator().manual_seed(self.seed + step)
+        """Mean over layers of P(A) + P(Bᵀ) (or P(D) + P(C)); blocks drawn from seed + step."""
+        cfg = self.config
+        gen = torch.Generator().manual_seed(cfg.seed + step)
         return adapter_regularizer(
             self.adapted,
             lambda _m, _b, branch: sum(
-                blockwise_logdet_penalty(M, None, gen, self.eps, self.delta, self.block_mode, self.normalize)
+                blockwise_logdet_penalty(M, None, gen, cfg.eps, cfg.delta, cfg.block_mode, cfg.normalize)
                 for M in branch.kruskal_factors()
             ),
         )
@@ -95,38 +197,28 @@ class _LoKRABase(L.LightningModule):
 
     adapted: dict[str, AdapterLinear]
 
-    def _setup_rule(self) -> None:
-        hp = self.hparams
-        self.rule = LoKRARule(
-            self.adapted,
-            hp.penalty_eps,
-            hp.penalty_delta,
-            hp.block_mode,
-            hp.penalty_normalize,
-            hp.penalty_seed,
-        )
+    def _adapt(self, mode: Mode, adapter: AdapterPlan, penalty: KruskalPenalty) -> None:
+        self.mode, self.penalty_cfg = mode, penalty
+        self.adapted = inject_lokra(self.model, mode, adapter)
+        self.rule = LoKRARule(self.adapted, penalty)
 
     def task_loss(self, batch) -> Tensor:
         raise NotImplementedError
 
     def current_lam(self) -> float:
-        hp = self.hparams
-        if hp.mode == "lora" or hp.lam == 0:
+        cfg = self.penalty_cfg
+        if self.mode == "lora" or cfg.lam == 0:
             return 0.0
-        ramp = (
-            1.0
-            if hp.penalty_warmup_steps == 0
-            else min(1.0, (self.global_step + 1) / hp.penalty_warmup_steps)
-        )
-        return hp.lam * ramp
+        ramp = 1.0 if cfg.warmup_steps == 0 else min(1.0, (self.global_step + 1) / cfg.warmup_steps)
+        return cfg.lam * ramp
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         loss_task = self.task_loss(batch)
         lam = self.current_lam()
         loss = loss_task
-        if lam > 0 and self.global_step % self.hparams.penalty_every == 0:
+        if lam > 0 and self.global_step % self.penalty_cfg.every == 0:
             penalty = self.rule.penalty(self.global_step)
-            loss = loss_task + lam * penalty  # §3.5
+            loss = loss_task + lam * penalty  # L = L_task + λ(t)·P
             self.log("train/penalty", penalty)
         self.log("train/loss_task", loss_task, prog_bar=True)
         self.log("train/loss", loss)
@@ -138,27 +230,19 @@ class _LoKRABase(L.LightningModule):
 
 
 class LoKRAMatrixApprox(_LoKRABase):
-    """§6(a): fit ``s·ΔW ≈ T`` for a fixed 64×64 target with one adapted frozen (zero) linear layer.
+    """The mechanism check: fit ``s·ΔW ≈ T`` for a fixed 64×64 target with one adapted frozen (zero) linear
+    layer named ``layer``, at an equal budget of trainable numbers.
 
     The input is the identity batch, so the layer's output *is* (W₀ + s·ΔW)ᵀ and the loss
-    ``‖output − Tᵀ‖²_F / ‖T‖²_F`` runs through the adapter's ordinary forward.
+    ``‖output − Tᵀ‖²_F / ‖T‖²_F`` runs through the adapter's ordinary forward. Adam, ``lr``.
     """
 
     def __init__(
         self,
         mode: Mode = "lokra",
         dim: int = 64,
-        rank: int = 8,
-        alpha: float = 8.0,
-        r2: int | None = 8,
-        lam: float = 1e-3,
-        penalty_eps: float = 1e-4,
-        penalty_delta: float = 1e-6,
-        block_mode: Literal["random", "fixed"] = "random",
-        penalty_normalize: bool = True,
-        penalty_every: int = 1,
-        penalty_warmup_steps: int = 0,
-        penalty_seed: int = 0,
+        adapter: AdapterPlan = MATRIX_ADAPTER,
+        penalty: KruskalPenalty = PENALTY,
         lr: float = 1e-2,
     ):
         super().__init__()
@@ -166,8 +250,7 @@ class LoKRAMatrixApprox(_LoKRABase):
         self.model = nn.Sequential()
         self.model.add_module("layer", nn.Linear(dim, dim, bias=False))
         nn.init.zeros_(self.model.layer.weight)
-        self.adapted = inject_lokra(self.model, mode, ["layer"], rank, alpha, 0.0, r2)
-        self._setup_rule()
+        self._adapt(mode, adapter, penalty)
         self.register_buffer("eye", torch.eye(dim), persistent=False)
 
     def task_loss(self, batch) -> Tensor:
@@ -185,11 +268,12 @@ class LoKRAMatrixApprox(_LoKRABase):
 
 
 class LoKRALanguageModel(_LoKRABase):
-    """§6(b) and full scale: adapt a frozen causal LM with LoRA / LoKRA / LoKRA+ on next-token loss.
+    """Adapt a frozen causal LM with LoRA / LoKRA / LoKRA+ on next-token loss (tiny end-to-end run and the
+    paper's scale: DoRA's commonsense protocol, AdamW with linear warm-up then linear decay).
 
-    ``backbone="tiny_gpt"`` is a 2-layer TinyGPT pre-trained locally on the first half of the local text
-    corpus (cached); any other value is a Hugging Face model id or local folder (full scale), loaded by
-    ``litlab.lit_modules.core.hf.load_causal_lm``, which fails at once offline with what to download.
+    ``backbone="tiny_gpt"`` is the TinyGPT described by ``base`` (pre-trained locally on the first half of the
+    local text corpus, cached); any other value is a Hugging Face model id or local folder (full scale), loaded
+    by ``litlab.lit_modules.core.hf.load_causal_lm``, which fails at once offline with what to download.
     Batches are ``{"input_ids", "labels"[, "attention_mask"]}`` with labels already next-token aligned.
     """
 
@@ -197,28 +281,13 @@ class LoKRALanguageModel(_LoKRABase):
         self,
         mode: Mode = "lokra",
         backbone: str = "tiny_gpt",
-        targets: list[str] | str = DEFAULT_TARGETS,
-        rank: int = 4,
-        alpha: float = 8.0,
-        dropout: float = 0.0,
-        r2: int | None = None,
-        lam: float = 1e-3,
-        penalty_eps: float = 1e-4,
-        penalty_delta: float = 1e-6,
-        block_mode: Literal["random", "fixed"] = "random",
-        penalty_normalize: bool = True,
-        penalty_every: int = 1,
-        penalty_warmup_steps: int = 0,
-        penalty_seed: int = 0,
+        adapter: AdapterPlan = LM_ADAPTER,
+        penalty: KruskalPenalty = PENALTY,
+        base: TinyBase = TINY_BASE,
         lr: float = 3e-3,
         weight_decay: float = 0.0,
         warmup_steps: int = 30,
         dtype: str = "float32",
-        base_pretrain_steps: int = 300,
-        base_d_model: int = 64,
-        base_layers: int = 2,
-        base_heads: int = 4,
-        block_size: int = 128,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -226,18 +295,17 @@ class LoKRALanguageModel(_LoKRABase):
             from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt
 
             self.model = pretrained_tiny_gpt(
-                steps=base_pretrain_steps,
-                d_model=base_d_model,
-                n_layers=base_layers,
-                n_heads=base_heads,
-                block_size=block_size,
+                steps=base.pretrain_steps,
+                d_model=base.d_model,
+                n_layers=base.layers,
+                n_heads=base.heads,
+                block_size=base.block_size,
             )
         else:
             from litlab.lit_modules.core.hf import load_causal_lm
 
             self.model = load_causal_lm(backbone, dtype=dtype)
-        self.adapted = inject_lokra(self.model, mode, targets, rank, alpha, dropout, r2)
-        self._setup_rule()
+        self._adapt(mode, adapter, penalty)
 
     def _logits(self, batch) -> Tensor:
         out = (
@@ -260,7 +328,7 @@ class LoKRALanguageModel(_LoKRABase):
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warm = min(hp.warmup_steps, total)
 
-        def linear_warmup_decay(step: int) -> float:  # DoRA protocol: warmup then linear decay (§3.6)
+        def linear_warmup_decay(step: int) -> float:  # DoRA's protocol: warm-up then linear decay
             return (
                 (step + 1) / max(warm, 1) if step < warm else max(0.0, (total - step) / max(total - warm, 1))
             )
