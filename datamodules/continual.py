@@ -1,4 +1,5 @@
-"""A sequence of tasks for continual learning, built offline (_lora_core.md §6).
+"""A sequence of tasks for continual learning, built offline; the DataModule side of the continual family's
+contract (``litlab.lit_modules.continual.contract.ContinualData``).
 
 One ``fit`` walks through the tasks: task ``t`` owns epochs ``[t·E, (t+1)·E)`` with ``E = epochs_per_task``,
 and ``train_dataloader()`` (reloaded every epoch: ``trainer.reload_dataloaders_every_n_epochs: 1``) serves
@@ -8,8 +9,9 @@ extra state here. Test sets stay per task (``task_test_loader(j)``) for the accu
 Benchmarks (data that ships with a package, no download):
 * ``digits``  sklearn's 8×8 digits, /16, stratified 70/30 split with ``random_state=0`` → (1, 8, 8) images.
 * ``text``    which of 10 stdlib modules a 64-character docstring snippet comes from (local corpus) → (64,) ids.
-* ``mnist1d`` MNIST-1D generated locally with ``mnist1d.data.make_dataset(get_dataset_args())`` (4000/1000,
-  40 features), standardised, cut into 10 tokens of 4 → (10, 4) token sequences. Cached in LITLAB_CACHE.
+* ``mnist1d`` MNIST-1D (Greydanus, "Scaling Down Deep Learning", arXiv 2011.14439) generated locally with
+  ``mnist1d.data.make_dataset(get_dataset_args())`` (4000/1000, 40 features), standardised, cut into 10 tokens
+  of 4 → (10, 4) token sequences. Cached in LITLAB_CACHE.
 
 Scenarios:
 * ``split``    class-incremental: classes (in ``class_order_seed`` order, or sorted) chunked into tasks.
@@ -31,9 +33,10 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, TensorDataset
+
 from litlab.lit_modules.core.errors import DatasetUnavailableError
 from litlab.lit_modules.core.io import atomic_path, cache_dir
-from torch.utils.data import ConcatDataset, DataLoader, Dataset, TensorDataset
 
 Benchmark = Literal["digits", "mnist1d", "text", "imagenet_r", "cifar100", "domainnet"]
 # ``text``: which stdlib module a 64-character docstring snippet comes from (the local corpus of litlab.datamodules.text),
@@ -50,7 +53,7 @@ TEXT_MODULES = (
     "statistics",
     "unittest.mock",
 )
-# Full scale (_lora_core.md §6): image folders the user provides, ``<data_root>/{train,test}/<class>/<image>``
+# Full scale: image folders the user provides, ``<data_root>/{train,test}/<class>/<image>``
 # (the layout of InfLoRA's ImageNet-R / DomainNet splits; CIFAR-100 exported to PNG folders).
 FOLDER_BENCHMARKS = {
     "imagenet_r": "ImageNet-R (200 classes): https://people.eecs.berkeley.edu/~hendrycks/imagenet-r.tar, split 80/20 "
@@ -64,8 +67,9 @@ Scenario = Literal["split", "permuted", "rotated"]
 
 
 def load_digits_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from litlab.datamodules.bundled import load_bundled
     from sklearn.model_selection import train_test_split
+
+    from litlab.datamodules.bundled import load_bundled
 
     X, y = load_bundled("digits")
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, stratify=y, random_state=0)
@@ -242,6 +246,11 @@ class ContinualDataModule(L.LightningDataModule):
             return rotate_images(x, t * hp.rotation_step)
         flat = x.reshape(x.shape[0], -1)
         return torch.roll(flat, shifts=t * hp.shift_step, dims=1).reshape(x.shape)
+
+    @property
+    def cumulative(self) -> bool:
+        """Task t trains on the union of tasks 0..t (joint training, the upper bound)."""
+        return bool(self.hparams.cumulative)
 
     @property
     def scenario_kind(self) -> Literal["class", "domain"]:

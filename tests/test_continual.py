@@ -8,11 +8,13 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+from litlab.benchmarks.continual_steps import time_training_steps
 from litlab.callbacks.continual import AccuracyMatrixCallback, cl_metrics
 from litlab.datamodules.continual import ContinualDataModule
-from litlab.lit_modules.continual.harness import InfLoRA, OLoRA, SequentialLoRA, time_training_steps
+from litlab.lit_modules.continual.baselines import InfLoRA, OLoRA
+from litlab.lit_modules.continual.harness import SequentialLoRA
 from litlab.lit_modules.continual.janus_lora import JanusLoRA
-
 from litlab.runs import SafeCheckpointIO
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,10 +1,12 @@
-"""Janus-LoRA acceptance checks that need the model (janus_lora.md §7.5, 7.8 and the issue's composite-update
-invariant); §7.1–7.4 and 7.6 are in tests/test_subspace.py, §7.7 (effect) in tests/test_continual_repro_slow.py."""
+"""Janus-LoRA (arXiv 2605.28495) checks that need the model: A V constant over a task, the composite-update
+invariant, the decoupled margin loss. The rectification's algebra is tested in tests/test_subspace.py, the
+effect on the card in tests/test_continual_repro_slow.py."""
 
 import pytest
 import torch
+
 from litlab.datamodules.continual import ContinualDataModule
-from litlab.lit_modules.continual.harness import LoRAGPM
+from litlab.lit_modules.continual.baselines import LoRAGPM
 from litlab.lit_modules.continual.janus_lora import JanusLoRA, decoupled_margin_loss
 
 FAST = dict(pretrain_epochs=2)  # a weak backbone is enough for the mechanism checks; cached per session
@@ -72,7 +74,7 @@ def test_composite_update_stays_orthogonal_after_real_optimizer_steps(opt_cls, o
 
 
 def test_invariant_A_V_constant_over_a_task_in_float32():
-    """§7.5: over a full task of training, ‖A_end V − A_start V‖ < 1e-5 per layer (fp32 factors)."""
+    """Over a full task of training, ‖A_end V − A_start V‖ < 1e-5 per layer (fp32 factors)."""
     dm, module = _dm(), JanusLoRA(**FAST)
     opt = _start(module, dm)
     _train_task(module, dm, 0, opt)
@@ -104,7 +106,7 @@ def test_tangent_mode_and_post_hoc_oe_run_and_stay_safe():
 
 
 def test_dml_mechanism():
-    """§7.8: L_dml = 0 with no old prototypes; with an old prototype placed at the current feature L_dml > 0
+    """L_dml = 0 with no old prototypes; with an old prototype placed at the current feature L_dml > 0
     and one SGD step on the features lowers max cos(z, μ_old)."""
     g = torch.Generator().manual_seed(0)
     z = torch.nn.functional.normalize(torch.randn(8, 16, generator=g), dim=-1)

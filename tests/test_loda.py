@@ -1,8 +1,10 @@
-"""LoDA acceptance checks that need the model (loda.md §7.4–7.7); §7.1–7.3 are in tests/test_subspace.py and
-§7.8 (effect) in tests/test_continual_repro_slow.py."""
+"""LoDA (arXiv 2603.00191) checks that need the model: the merge, fixed down-projections, GAO, the statistics
+bookkeeping and the ridge. The energy objectives' algebra is tested in tests/test_subspace.py, the effect on
+the card in tests/test_continual_repro_slow.py."""
 
 import pytest
 import torch
+
 from litlab.datamodules.continual import ContinualDataModule
 from litlab.lit_modules.continual.loda import LoDA
 
@@ -32,7 +34,7 @@ def _train_task(module, dm, t, opt):
 
 
 def test_merge_preserves_function_up_to_recalibration():
-    """§7.4: with c = 1 outputs agree before/after merging (1e-5); with c, W equals the explicit formula."""
+    """With c = 1 outputs agree before/after merging (1e-5); with c, W equals the explicit formula."""
     dm, module = _dm(), LoDA(**FAST)
     _start(module, dm)
     module.on_task_start(1, dm)
@@ -67,7 +69,7 @@ def test_merge_preserves_function_up_to_recalibration():
 
 
 def test_down_projections_frozen_and_old_heads_unchanged():
-    """§7.5: for t >= 1 A_S, A_P are bit-identical before/after training; only B_S, B_P and the current head train."""
+    """For t >= 1 A_S, A_P are bit-identical before/after training; only B_S, B_P and the current head train."""
     dm, module = _dm(), LoDA(**FAST)
     opt = _start(module, dm)
     _train_task(module, dm, 0, opt)
@@ -91,7 +93,7 @@ def test_down_projections_frozen_and_old_heads_unchanged():
 
 
 def test_gao_with_zero_rho_is_two_plain_steps():
-    """§7.6 (a): rho = 0 — one GAO batch equals two plain steps on the two class groups."""
+    """GAO with rho = 0 — one GAO batch equals two plain steps on the two class groups."""
     dm = _dm()
     gao, plain = LoDA(gao_rho_max=0.0, **FAST), LoDA(gao_enabled=False, **FAST)
     opt_g, opt_p = _start(gao, dm), _start(plain, dm)
@@ -111,7 +113,7 @@ def test_gao_with_zero_rho_is_two_plain_steps():
 
 
 def test_gao_update_is_the_target_gradient_at_the_shifted_point():
-    """§7.6 (b): the update equals −lr · ∇L_tgt(θ + e), e = ρ g_src/‖g_src‖, and θ is restored but for the step."""
+    """GAO: the update equals −lr · ∇L_tgt(θ + e), e = ρ g_src/‖g_src‖, and θ is restored but for the step."""
     dm, module = _dm(), LoDA(**FAST)
     opt = _start(module, dm, lr=0.05, momentum=0.0)
     _train_task(module, dm, 0, opt)
@@ -143,7 +145,7 @@ def test_gao_update_is_the_target_gradient_at_the_shifted_point():
 
 
 def test_statistics_bookkeeping():
-    """§7.7: after task t, M_prev is the sum of the step-(4) and step-(7) moments of tasks 0..t (float64)."""
+    """After task t, M_prev is the sum of the step-(4) and step-(7) moments of tasks 0..t (float64)."""
     dm, module = _dm(), LoDA(**FAST)
     opt = _start(module, dm)
     recorded = []
@@ -164,7 +166,7 @@ def test_statistics_bookkeeping():
 
 
 def test_ridge_keeps_the_isolated_branch_active_and_recalibration_shrinks():
-    """loda.md §3.3: without the ridge the quotient picks near-null directions of M_prev (isolated branch inactive);
+    """Without the ridge the quotient picks near-null directions of M_prev (isolated branch inactive);
     with ridge 1e-3 the isolated directions carry a clearly larger share of the current task's energy."""
     dm, ratios = _dm(), {}
     for ridge in (0.0, 1e-3):

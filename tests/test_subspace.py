@@ -1,18 +1,13 @@
-"""Shared subspace module: GPM bases, Janus-LoRA's gradient rectification (janus_lora.md §7.1–7.4, 7.6),
-LoDA's energy objectives and recalibration (loda.md §7.1–7.3), adapter core's fold_in."""
+"""The continual family's subspace algebra: GPM bases (subspace.py), Janus-LoRA's gradient rectification
+(janus_lora.py, arXiv 2605.28495), LoDA's energy objectives and recalibration (loda.py, arXiv 2603.00191), and
+the adapter core's fold_in."""
 
 import pytest
 import torch
-from litlab.lit_modules.continual.subspace import (
-    SubspaceMemory,
-    general_basis,
-    isolated_basis,
-    recalibration_coeff,
-    rectify_update,
-    ridged,
-    top_eigvecs,
-    violation_ratio,
-)
+
+from litlab.lit_modules.continual.janus_lora import rectify_update
+from litlab.lit_modules.continual.loda import general_basis, isolated_basis, recalibration_coeff, ridged
+from litlab.lit_modules.continual.subspace import SubspaceMemory, top_eigvecs, violation_ratio
 from litlab.lit_modules.core.adapters import AdapterLinear
 
 
@@ -28,7 +23,7 @@ def _known_spectrum(d=20, seed=0):
     return U, lam, U @ torch.diag(lam) @ U.T
 
 
-# ---- SubspaceMemory (core §7.3–7.4, janus §7.6) -----------------------------------------------------
+# ---- SubspaceMemory: GPM energy rule, projection ----------------------------------------------------
 @pytest.mark.parametrize("eps", [0.5, 0.9, 0.99])
 def test_expand_picks_minimal_k_and_orthonormal_basis(eps):
     U, lam, C = _known_spectrum()
@@ -68,7 +63,7 @@ def test_project_out_is_orthogonal_to_basis():
     assert torch.linalg.matrix_norm(Gp.double() @ mem.V) < 1e-6 * torch.linalg.matrix_norm(G)
 
 
-# ---- Janus-LoRA gradient rectification (janus §7.1–7.4) ---------------------------------------------------
+# ---- Janus-LoRA gradient rectification ----------------------------------------------------------------
 def _gr_tensors(seed=0, d_in=32, d_out=24, r=4, k=10, protected_A=False):
     g = torch.Generator().manual_seed(seed)
     V = _orthonormal(d_in, k, seed + 100).float()
@@ -127,7 +122,7 @@ def test_gr_is_identity_without_protected_directions():
         rectify_update(A0, B0, A1, B1, _orthonormal(32, 3, 0).float(), mode="bogus")
 
 
-# ---- LoDA objectives and recalibration (loda §7.1–7.3) ---------------------------------------------------
+# ---- LoDA objectives and recalibration ----------------------------------------------------------------
 def _spd(d, seed, scale=1.0):
     X = torch.randn(3 * d, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return scale * X.T @ X / (3 * d)

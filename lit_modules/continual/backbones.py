@@ -7,9 +7,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from litlab.lit_modules.core.models import TinyViT
 from litlab.lit_modules.core.pretrain import train_and_cache
-from torch import Tensor, nn
 
 
 # ---- a backbone pre-trained locally without labels -------------------------------------------------------
@@ -34,7 +35,9 @@ def pretrained_backbone(
     seed: int = 0,
 ) -> TinyViT:
     """TinyViT trained on a 4-way pretext task over the *unlabelled* training inputs (no class information
-    leaks), pretext head discarded; cached in LITLAB_CACHE keyed by data and arguments (_lora_core.md §6.1)."""
+    leaks), pretext head discarded; cached in LITLAB_CACHE keyed by data and arguments. For images the pretext is
+    rotation prediction ("Unsupervised Representation Learning by Predicting Image Rotations", Gidaris, Singh &
+    Komodakis, ICLR 2018)."""
     shape = tuple(inputs.shape[1:])
     args = dict(
         recipe="all-four-pretext-views",
@@ -90,6 +93,7 @@ class HFViTFeatures(nn.Module):
     def __init__(self, model_id: str):
         super().__init__()
         import transformers
+
         from litlab.lit_modules.core.hf import _load_from_folder_cache_or_hub
 
         self.vit = _load_from_folder_cache_or_hub(
@@ -125,6 +129,7 @@ def check_backbone_available(backbone: str) -> None:
     if backbone == "tinyvit":
         return
     import transformers
+
     from litlab.lit_modules.core.hf import _load_from_folder_cache_or_hub
 
     _load_from_folder_cache_or_hub(transformers.AutoConfig.from_pretrained, backbone, None, "ViT backbone")

@@ -1,49 +1,55 @@
-"""Continual LoRA on one protocol: the shared LightningModule and the baselines (_lora_core.md §6).
+"""Continual LoRA on one protocol: the LightningModule every continual method and baseline extends.
 
-``SequentialLoRA`` is the harness every continual method extends, and itself the unprotected baseline:
+``SequentialLoRA`` is the harness and itself the unprotected baseline (sequential fine-tuning of one LoRA):
 
     frozen backbone (TinyViT, pre-trained locally without labels) + LoRA on ``targets``
     train:  masked cosine CE on the current task's classes (cumulative data → joint-training upper bound)
     eval:   NCM prototypes μ_c = normalize(mean z) of each class, stored right after its task (exemplar-free)
 
-One ``fit`` walks the tasks (``litlab.datamodules.continual.ContinualDataModule``: task t owns epochs
-[t·E, (t+1)·E)). The module calls ``on_task_start(t, dm)`` at the first epoch of a task and
-``on_task_end(t, dm)`` at its last, then every callback's ``on_task_end(trainer, module, t)`` (the accuracy
-matrix), all before that epoch's checkpoint, so ``--ckpt_path last`` resumes cleanly. Optimisation is manual:
-``cl_step`` = loss → backward → ``transform_grads`` (GPM-style hooks) → step → ``update_transform``
-(Janus-LoRA's rectification) on a snapshot of the factors.
+The CPU protocol (sklearn digits, 5 tasks × 2 classes, a TinyViT pre-trained here by rotation prediction, NCM
+evaluation) is the project's, not a paper's: with the masked cosine head alone, classifier bias dominated and
+every method fell to near-chance class-incremental accuracy. Full-scale runs use each paper's own head.
 
-Baselines built from the same core: ``LoRAGPM`` (online input bases, A-gradients projected, B free),
-``InfLoRA`` (per-task branch, A = top eigenvectors of P M_cur P, B trained, folded in), ``OLoRA`` (per-task
-branch with the orthogonality penalty Σ|A_old A_tᵀ| of O-LoRA, folded in). Joint training is ``SequentialLoRA``
-with ``data.init_args.cumulative: true``.
+One ``fit`` walks the tasks of a DataModule that follows ``contract.ContinualData`` (task t owns epochs
+[t·E, (t+1)·E)), read through ``self.trainer.datamodule`` after the Trainer ran its ``setup``. The module calls
+``on_task_start(t, dm)`` at the first epoch of a task and ``on_task_end(t, dm)`` at its last, then every
+``contract.TaskEndCallback``'s ``on_task_end(trainer, module, t)`` (the accuracy matrix), all before that epoch's
+checkpoint, so ``--ckpt_path last`` resumes cleanly. Optimisation is manual: ``cl_step`` = loss → backward →
+``transform_grads`` (GPM-style hooks) → step → ``update_transform`` (Janus-LoRA's rectification) on a snapshot
+of the factors.
+
+The baselines built on it (LoRA-GPM, InfLoRA, O-LoRA) are in ``baselines.py``. Joint training is
+``SequentialLoRA`` with ``data.init_args.cumulative: true``.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from litlab.lit_modules.continual.backbones import (
     HFViTFeatures,
     TinyGPTFeatures,
     check_backbone_available,
     pretrained_backbone,
 )
-from litlab.lit_modules.continual.subspace import SubspaceMemory, top_eigvecs, violation_ratio
+from litlab.lit_modules.continual.contract import (
+    ContinualData,
+    TaskEndCallback,
+    check_data,
+    task_end_callbacks,
+)
 from litlab.lit_modules.core.adapters import (
     AdapterLinear,
     adapter_parameters,
     inject_adapters,
     snapshot_factors,
-    transform_adapter_grads,
     transform_adapter_updates,
 )
-from torch import Tensor, nn
 
 
 class SequentialLoRA(L.LightningModule):
@@ -53,9 +59,9 @@ class SequentialLoRA(L.LightningModule):
 
     def __init__(
         self,
-        targets: list[str] | str = ["qkv", "fc1"],
+        targets: list[str] | str = ["qkv", "fc1"],  # noqa: B006
         rank: int = 4,
-        alpha: float = 4.0,  # noqa: B006
+        alpha: float = 4.0,
         lr: float = 0.01,
         momentum: float = 0.9,
         weight_decay: float = 0.0,
@@ -83,20 +89,28 @@ class SequentialLoRA(L.LightningModule):
         self.automatic_optimization = False
         self.adapted: dict[str, AdapterLinear] = {}
         self.task = -1
-        self._standalone_opt: torch.optim.Optimizer | None = None
+        self._standalone_opt: torch.optim.Optimizer | None = (
+            None  # set by callers that step without a Trainer
+        )
+        self._task_end_callbacks: list[TaskEndCallback] = []
         self.register_buffer("proto_means", torch.zeros(0, width), persistent=False)
         self.register_buffer("proto_labels", torch.zeros(0, dtype=torch.long), persistent=False)
         self.proto_tasks = torch.zeros(0, dtype=torch.long)
         self.register_buffer("class_mask", torch.zeros(0, dtype=torch.bool), persistent=False)
 
-    # ---- construction (needs the data: input shape, class count) ---------------------------------
+    # ---- construction (needs the data: input kind, class count) ---------------------------------
     def setup(self, stage: str) -> None:
+        """The Trainer ran the DataModule's ``setup`` already: build the model from it (once) and check the
+        callbacks that want the task ends."""
         if not self.adapted:
             self.build(self.trainer.datamodule)
+        self._task_end_callbacks = task_end_callbacks(self.trainer.callbacks)
 
-    def build(self, dm) -> None:
+    def build(self, dm: ContinualData) -> None:
+        """Backbone, adapters and classifier for a DataModule whose ``setup`` has run (by the Trainer, or by
+        the caller of a module stepped without one)."""
         hp = self.hparams
-        dm.setup("fit")
+        check_data(dm, ContinualData, type(self).__name__)
         if hp.backbone == "tinyvit" and dm.input_kind == "text":  # text toy: a locally pre-trained char LM
             self.backbone = TinyGPTFeatures(hp.width)
         elif hp.backbone == "tinyvit":  # CPU toy: pre-trained here without labels, cached
@@ -227,21 +241,21 @@ class SequentialLoRA(L.LightningModule):
             return
         logs = self.on_task_end(self.task, dm)
         self.log_dict({k: float(v) for k, v in logs.items()})
-        for cb in trainer.callbacks:
-            if hasattr(cb, "on_task_end"):
-                cb.on_task_end(trainer, self, self.task)
+        for cb in self._task_end_callbacks:
+            cb.on_task_end(trainer, self, self.task)
 
-    def on_task_start(self, t: int, dm) -> None:
+    def on_task_start(self, t: int, dm: ContinualData) -> None:
         self.task = t
-        opt = self._standalone_opt or (self.optimizers() if self._trainer is not None else None)
-        if opt is not None:  # a fresh optimizer state per task: no momentum carries old-task updates over
-            (opt.optimizer if hasattr(opt, "optimizer") else opt).state.clear()
+        opt = self._standalone_opt
+        if opt is None:
+            opt = self.optimizers(use_pl_optimizer=False)
+        opt.state.clear()  # a fresh optimizer state per task: no momentum carries old-task updates over
         self.class_mask = torch.zeros_like(self.class_mask)
         self.class_mask[dm.train_classes(t)] = True
 
-    def on_task_end(self, t: int, dm) -> dict[str, float]:
+    def on_task_end(self, t: int, dm: ContinualData) -> dict[str, float]:
         """Store the prototypes of task t's classes (all seen tasks' when training is cumulative)."""
-        tasks = range(t + 1) if getattr(dm.hparams, "cumulative", False) else [t]
+        tasks = range(t + 1) if dm.cumulative else [t]
         for s in tasks:
             self._store_prototypes(s, dm)
         return (
@@ -249,7 +263,7 @@ class SequentialLoRA(L.LightningModule):
         )
 
     @torch.no_grad()
-    def _store_prototypes(self, t: int, dm) -> None:
+    def _store_prototypes(self, t: int, dm: ContinualData) -> None:
         was = self.training
         self.eval()
         zs, ys = [], []
@@ -266,8 +280,9 @@ class SequentialLoRA(L.LightningModule):
         self.train(was)
 
     @torch.no_grad()
-    def invasion_rate(self, t: int, dm) -> float:
-        """Fraction of task-t test samples whose nearest prototype belongs to an old class (janus_lora.md §3.5)."""
+    def invasion_rate(self, t: int, dm: ContinualData) -> float:
+        """Fraction of task-t test samples whose nearest prototype belongs to an old class: the feature-space
+        overlap Janus-LoRA's decoupled margin loss acts on (arXiv 2605.28495)."""
         z = torch.cat([self.features(x.to(self.device)) for x, _ in dm.task_test_loader(t)])
         nearest = (z @ self.proto_means.T).argmax(-1)
         return float((self.proto_tasks.to(self.device)[nearest] != t).float().mean())
@@ -322,195 +337,3 @@ class SequentialLoRA(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "continual" in checkpoint:
             self.load_cl_state(checkpoint["continual"])
-
-
-def _delta64(layer: AdapterLinear) -> Tensor:
-    """Σ_k s_k B_k A_k in float64 (the core's delta_weight rounds to the base weight's dtype)."""
-    return sum(b.delta_weight().detach().double() for b in layer.branches.values())
-
-
-# ---- baselines from the same core ---------------------------------------------------------------------
-class LoRAGPM(SequentialLoRA):
-    """Online input bases V_l (GPM energy rule) and the naive rule G_A ← G_A (I − V Vᵀ), B free.
-
-    Also the bookkeeping Janus-LoRA builds on: the basis memory per layer, its online (or post-hoc) estimation,
-    and the null-space violation ν_l = ‖ΔW_task V_l‖ / ‖ΔW_task‖ logged at every task end."""
-
-    def __init__(
-        self,
-        oe_eps: float = 0.99,
-        oe_source: Literal["online", "post"] = "online",
-        project_A: bool = True,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        if oe_source not in ("online", "post"):
-            raise ValueError(f"oe_source must be 'online' or 'post', got {oe_source!r}")
-        self.memories: dict[str, SubspaceMemory] = {}
-        self._w_start: dict[str, Tensor] = {}
-
-    def build(self, dm) -> None:
-        super().build(dm)
-        self.memories = {n: SubspaceMemory(m.in_features) for n, m in self.adapted.items()}
-
-    def on_task_start(self, t: int, dm) -> None:
-        super().on_task_start(t, dm)
-        self.set_stats("accumulate" if self.hparams.oe_source == "online" else "off", reset=True)
-        self._w_start = {n: _delta64(m) for n, m in self.adapted.items()}
-
-    def transform_grads(self) -> None:
-        if self.hparams.project_A:
-            transform_adapter_grads(
-                self.adapted,
-                lambda mn, bn, b, g: {"A": self.memories[mn].project_out(g["A"])} if "A" in g else {},
-            )
-
-    def on_task_end(self, t: int, dm) -> dict[str, float]:
-        self.set_stats("off")
-        logs = {
-            "cl/violation_max": max(
-                (
-                    violation_ratio(_delta64(m) - self._w_start.get(n, 0), self.memories[n].V)
-                    for n, m in self.adapted.items()
-                ),
-                default=0.0,
-            )
-        }
-        stats = (
-            self.collect_stats(dm.task_train_loader(t))
-            if self.hparams.oe_source == "post"
-            else {n: m.input_second_moment for n, m in self.adapted.items()}
-        )
-        for n, C in stats.items():
-            self.memories[n].expand(C, self.hparams.oe_eps)
-        logs["cl/basis_dim_mean"] = sum(mem.k for mem in self.memories.values()) / len(self.memories)
-        return {**super().on_task_end(t, dm), **logs}
-
-    def cl_state(self) -> dict:
-        return {
-            **super().cl_state(),
-            "memories": {n: m.state() for n, m in self.memories.items()},
-            "w_start": self._w_start,
-        }
-
-    def load_cl_state(self, state: dict) -> None:
-        super().load_cl_state(state)
-        for n, s in state["memories"].items():
-            self.memories[n].load(s)
-        self._w_start = dict(state.get("w_start", {}))
-
-
-class InfLoRA(SequentialLoRA):
-    """InfLoRA-style (loda.md §5): per task, A = top-r eigenvectors of P M_cur P (P the complement of the GPM
-    basis of old inputs), frozen; B trained from 0; folded into W₀ at the task end; basis grown on the merged
-    model's inputs of the task (energy threshold ``gpm_eps``)."""
-
-    def __init__(self, gpm_eps: float = 0.99, **kwargs):
-        super().__init__(**kwargs)
-        self.memories: dict[str, SubspaceMemory] = {}
-
-    def build(self, dm) -> None:
-        super().build(dm)
-        self.memories = {n: SubspaceMemory(m.in_features) for n, m in self.adapted.items()}
-
-    def on_task_start(self, t: int, dm) -> None:
-        super().on_task_start(t, dm)
-        M_cur = self.collect_stats(dm.task_train_loader(t))
-        with torch.no_grad():
-            for n, layer in self.adapted.items():
-                P = (
-                    torch.eye(layer.in_features, dtype=torch.float64)
-                    - self.memories[n].V @ self.memories[n].V.T
-                )
-                U = top_eigvecs(P @ M_cur[n] @ P, self.hparams.rank)[1]
-                b = layer.branches["default"]
-                b.A.copy_(U.T.to(b.A))
-                b.B.zero_()
-
-    def transform_grads(self) -> None:
-        transform_adapter_grads(self.adapted, lambda mn, bn, b, g: {"A": None})  # down-projections stay fixed
-
-    def on_task_end(self, t: int, dm) -> dict[str, float]:
-        for layer in self.adapted.values():
-            layer.fold_in("default")
-        for n, C in self.collect_stats(dm.task_train_loader(t)).items():
-            self.memories[n].expand(C, self.hparams.gpm_eps)
-        return super().on_task_end(t, dm)
-
-    def cl_state(self) -> dict:
-        return {**super().cl_state(), "memories": {n: m.state() for n, m in self.memories.items()}}
-
-    def load_cl_state(self, state: dict) -> None:
-        super().load_cl_state(state)
-        for n, s in state["memories"].items():
-            self.memories[n].load(s)
-
-
-class OLoRA(SequentialLoRA):
-    """O-LoRA-style: a fresh LoRA per task, L = CE + λ Σ_l Σ_old |A_old A_tᵀ| (orthogonal to the old tasks'
-    down-projections), the finished task folded into W₀ and its A kept for the penalty."""
-
-    def __init__(self, orth_lambda: float = 0.5, **kwargs):
-        super().__init__(**kwargs)
-        self.past_A: dict[str, Tensor] = {}
-
-    def on_task_start(self, t: int, dm) -> None:
-        super().on_task_start(t, dm)
-        if t > 0:
-            with torch.no_grad():
-                for layer in self.adapted.values():
-                    b = layer.branches["default"]
-                    nn.init.kaiming_uniform_(b.A, a=math.sqrt(5))
-                    b.B.zero_()
-
-    def loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        loss, logs = super().loss(x, y)
-        if self.past_A:
-            orth = sum(
-                (self.past_A[n].to(m.branches["default"].A) @ m.branches["default"].A.T).abs().sum()
-                for n, m in self.adapted.items()
-            )
-            loss = loss + self.hparams.orth_lambda * orth
-            logs["loss_orth"] = orth.detach()
-        return loss, logs
-
-    def on_task_end(self, t: int, dm) -> dict[str, float]:
-        for n, layer in self.adapted.items():
-            A = layer.branches["default"].A.detach().clone()
-            self.past_A[n] = A if n not in self.past_A else torch.cat([self.past_A[n], A])
-            layer.fold_in("default")
-        return super().on_task_end(t, dm)
-
-    def cl_state(self) -> dict:
-        return {**super().cl_state(), "past_A": self.past_A}
-
-    def load_cl_state(self, state: dict) -> None:
-        super().load_cl_state(state)
-        self.past_A = dict(state["past_A"])
-
-
-# ---- overhead: time per training step against plain LoRA, interleaved in one process ---------------------
-def time_training_steps(
-    modules: dict[str, SequentialLoRA], dm, steps: int = 80, warmup_steps: int = 10
-) -> dict[str, float]:
-    """Median seconds per ``cl_step`` on task 1 (so every protection is active) for each module, with the
-    modules' steps interleaved batch by batch so that machine load hits all of them alike."""
-    dm.setup("fit")
-    batches = list(dm.task_train_loader(1, batch_size=dm.hparams.batch_size))
-    for m in modules.values():
-        m.build(dm)
-        m._standalone_opt = m.configure_optimizers()
-        m.on_task_start(0, dm)
-        for x, y in list(dm.task_train_loader(0, batch_size=dm.hparams.batch_size))[:warmup_steps]:
-            m.cl_step((x, y), m._standalone_opt, lambda loss: loss.backward())
-        m.on_task_end(0, dm)
-        m._standalone_opt.state.clear()
-        m.on_task_start(1, dm)
-    times: dict[str, list[float]] = {n: [] for n in modules}
-    for i in range(steps):
-        batch = batches[i % len(batches)]
-        for n, m in modules.items():
-            t0 = time.perf_counter()
-            m.cl_step(batch, m._standalone_opt, lambda loss: loss.backward())
-            times[n].append(time.perf_counter() - t0)
-    return {n: sorted(v)[len(v) // 2] for n, v in times.items()}

@@ -1,5 +1,7 @@
-"""LoDA — task-driven subspace decomposition for knowledge sharing and isolation in LoRA-based continual
-learning (ICML 2026). Spec: shared/methods/loda.md (follows the official code, HHHLF/LoDA_ICML2026).
+"""LoDA: "Task-Driven Subspace Decomposition for Knowledge Sharing and Isolation in LoRA-based Continual
+Learning" (He, Cheng, Wang, Yang, Wang & Gao, ICML 2026, arXiv 2603.00191). Only the paper's abstract could be
+read; this follows its official code (github.com/HHHLF/LoDA_ICML2026), and where the two could differ the code
+wins.
 
 For every task, two fresh branches per adapted layer with *fixed* down-projections:
 general  S_t: A_S = top-r eigenvectors of M_prev + M_cur           (energy of old and new inputs, objective 1)
@@ -7,16 +9,16 @@ isolated P_t: A_P = top-r generalized eigenvectors of (M_cur, M_prev) (new energ
 Only the up-projections train (plus A_S on the first task), with Gradient-Aligned Optimisation; at the task end
 the general update is shrunk per direction by a closed-form coefficient and both branches are merged.
 
-Our additions, as the spec says: ``ridge`` on M_prev in objective 2 (0 reproduces the code); the CPU toy's
-NCM-prototype evaluation; one cosine head with the logits of other tasks masked instead of one head per task
-(the same function: each task's CosFace sees only its own classes).
+Our additions: ``ridge`` on M_prev in objective 2 (0 reproduces the code); the CPU toy's NCM-prototype
+evaluation; one cosine head with the logits of other tasks masked instead of one head per task (the same
+function: each task's CosFace sees only its own classes).
 
-Algorithm (§3.2), t = 0..T-1:
+Algorithm (the official code's order), t = 0..T-1:
     (1) M_cur ← E[x xᵀ] over task-t data (current merged model)
     (2) A_S = U_r(M_prev + M_cur)ᵀ/√3, B_S = 0;  A_P = t ? isolated(M_cur, M_prev)ᵀ/√3 : 0, B_P = 0
-    (3) train B_S, B_P (and A_S at t = 0) with CosFace on the task's head, one GAO update per group (§3.4)
+    (3) train B_S, B_P (and A_S at t = 0) with CosFace on the task's head, one GAO update per group
     (4) M_cur ← E[x xᵀ] with the trained, unmerged model
-    (5) W ← W + g_S B_S diag(c) A_S + g_P B_P A_P,  c_i = 1 − η_i                   (§3.5; c = 1 at t = 0)
+    (5) W ← W + g_S B_S diag(c) A_S + g_P B_P A_P,  c_i = 1 − η_i                   (c = 1 at t = 0)
     (6) M_prev ← M_prev + M_cur(4)                                                  (``prev_stat_double_count``)
     (7) M_prev ← M_prev + E[x xᵀ] with the merged model
 """
@@ -25,10 +27,61 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from litlab.lit_modules.continual.harness import SequentialLoRA
-from litlab.lit_modules.continual.subspace import general_basis, isolated_basis, recalibration_coeff
-from litlab.lit_modules.core.adapters import AdapterLinear, inject_adapters, transform_adapter_grads
 from torch import Tensor
+
+from litlab.lit_modules.continual.contract import ContinualData
+from litlab.lit_modules.continual.harness import SequentialLoRA
+from litlab.lit_modules.continual.report import accuracy_matrix_report
+from litlab.lit_modules.continual.subspace import symmetric_part, top_eigvecs
+from litlab.lit_modules.core.adapters import AdapterLinear, inject_adapters, transform_adapter_grads
+from litlab.lit_modules.core.results import CardResult, ReportExtras
+
+
+# ---- the two energy objectives and the closed-form recalibration ------------------------------------------
+def general_basis(M_cur: Tensor, M_prev: Tensor, r: int) -> Tensor:
+    """Objective 1: argmax_{UᵀU=I} trace(Uᵀ(M_prev + M_cur)U) = top-r eigenvectors, (d, r)."""
+    return top_eigvecs(M_prev.double() + M_cur.double(), r)[1]
+
+
+def ridged(M_prev: Tensor, ridge: float) -> Tensor:
+    """M_prev + ridge · trace(M_prev)/d · I. Our addition (ridge=0 is the official code): without it, on the CPU
+    toy objective 2 was maximised by near-null directions of M_prev (e.g. the constant direction LayerNorm
+    removes), whose current-task energy was about 0, and the isolated branch stayed inactive."""
+    M = M_prev.double()
+    d = M.shape[0]
+    return M + ridge * torch.trace(M) / d * torch.eye(d, dtype=M.dtype)
+
+
+def isolated_basis(
+    M_cur: Tensor, M_prev: Tensor, r: int, ridge: float = 1e-3, return_unorthogonalised: bool = False
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """Objective 2: max trace(Uᵀ M_cur U) s.t. Uᵀ M_prev U = I — the top-r generalized eigenvectors of
+    (M_cur, M_prev), computed as the official code does: Cholesky M_prev = L Lᵀ (retrying with +eps I),
+    S = L⁻¹ M_cur L⁻ᵀ, U = L⁻ᵀ V_r, then QR. Returns Q (d, r); optionally also U and the eigenvalues."""
+    M_prev, M_cur = symmetric_part(ridged(M_prev, ridge)), symmetric_part(M_cur.double())
+    eye = torch.eye(M_prev.shape[0], dtype=torch.float64)
+    L, info = torch.linalg.cholesky_ex(M_prev)
+    eps = 1e-12
+    while int(info) != 0:  # the official retry: + eps I, eps = 1e-12, 1e-11, ...
+        if eps > 1e2:
+            raise RuntimeError("isolated_basis: M_prev is not positive definite even with a 1e2 ridge")
+        L, info = torch.linalg.cholesky_ex(M_prev + eps * eye)
+        eps *= 10
+    Linv = torch.linalg.solve_triangular(L, eye, upper=False)
+    vals, Vr = top_eigvecs(Linv @ M_cur @ Linv.T, r)
+    U = Linv.T @ Vr
+    Q, _ = torch.linalg.qr(U)
+    return (Q, U, vals) if return_unorthogonalised else Q
+
+
+def recalibration_coeff(A: Tensor, M_prev: Tensor, M_cur: Tensor, gamma_m: float) -> Tensor:
+    """c_i = 1 − η_i, η_i = a_iᵀM_prev a_i / (a_iᵀM_prev a_i + γ_m a_iᵀM_cur a_i + 1e-12), for the rows a_i of A:
+    the minimiser of c² a_iᵀM_prev a_i + γ_m (c − 1)² a_iᵀM_cur a_i, i.e. of E_old‖c Δ_i x‖² + γ_m E_cur‖(c − 1)
+    Δ_i x‖² for the rank-1 piece Δ_i = g_S b_i a_iᵀ: the feature-level joint optimum along a shared direction."""
+    A = A.double()
+    old = torch.einsum("ij,jk,ik->i", A, M_prev.double(), A)
+    new = torch.einsum("ij,jk,ik->i", A, M_cur.double(), A)
+    return 1.0 - old / (old + gamma_m * new + 1e-12)
 
 
 class LoDA(SequentialLoRA):
@@ -83,7 +136,7 @@ class LoDA(SequentialLoRA):
         return dict(adapted)
 
     # (1)–(2): fixed down-projections from the two energy objectives
-    def on_task_start(self, t: int, dm) -> None:
+    def on_task_start(self, t: int, dm: ContinualData) -> None:
         super().on_task_start(t, dm)
         hp = self.hparams
         M_cur = self.collect_stats(dm.task_train_loader(t))  # (1)
@@ -123,7 +176,7 @@ class LoDA(SequentialLoRA):
             if p.requires_grad and (k == "B" or self.task == 0)
         ]
 
-    # (3) GAO (§3.4): each group's update is its gradient at a point moved along the other group's descent
+    # (3) GAO: each group's update is its gradient at a point moved along the other group's descent
     def cl_step(self, batch, opt, backward) -> dict[str, Tensor]:
         x, y = batch
         classes = y.unique()
@@ -158,7 +211,7 @@ class LoDA(SequentialLoRA):
         return loss, logs
 
     # (4)–(7): recalibrate, merge, bookkeeping
-    def on_task_end(self, t: int, dm) -> dict[str, float]:
+    def on_task_end(self, t: int, dm: ContinualData) -> dict[str, float]:
         hp = self.hparams
         M_cur = self.collect_stats(dm.task_train_loader(t))  # (4)
         coeffs, activity = [], []
@@ -168,7 +221,7 @@ class LoDA(SequentialLoRA):
                 recalibration_coeff(S.A.detach(), self.M_prev[n], M_cur[n], hp.merge_gamma)
                 if t > 0 and hp.recalibrate
                 else torch.ones(hp.rank, dtype=torch.float64)
-            )  # (3.5)
+            )  # c_i = 1 − η_i
             layer.fold_in("general", coeff=c.float())  # (5)
             layer.fold_in("isolated")
             coeffs.append(c)
@@ -197,15 +250,7 @@ def _energy(A: Tensor, M: Tensor) -> float:
     return float(torch.trace(A @ M @ A.T))
 
 
-def report(res: dict, out_dir) -> dict:
-    """``report_hook`` of seeds/loda.yaml: mean accuracy matrices and step-time overhead vs plain LoRA."""
-    from litlab.callbacks.continual import accuracy_matrix_report
-    from litlab.lit_modules.continual.harness import InfLoRA
-
-    timed = {
-        "lora": SequentialLoRA(),
-        "loda": LoDA(),
-        "loda_no_gao": LoDA(gao_enabled=False),
-        "inflora": InfLoRA(),
-    }
-    return accuracy_matrix_report(res, out_dir, slug="loda", timed=timed)
+def report(result: CardResult, out_dir) -> ReportExtras:
+    """``report_hook`` of seeds/loda.yaml: the mean accuracy matrix of every run and a table of ACC / BWT /
+    forgetting / MAA. Step times against plain LoRA: ``litlab bench continual_steps``."""
+    return accuracy_matrix_report(result, out_dir, slug="loda")
