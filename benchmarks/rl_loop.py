@@ -22,9 +22,11 @@ import time
 
 import lightning as L
 import torch
+
 from litlab.datamodules.rl import RLDataModule
-from litlab.lit_modules.rl.envs import Collector, env_dims, make_env
-from litlab.lit_modules.rl.replay import ReplayBuffer
+from litlab.datamodules.rl_env import Collector, env_dims, make_env
+from litlab.datamodules.rl_replay import ReplayBuffer
+from litlab.lit_modules.rl.module import RLModule
 from litlab.lit_modules.rl.sac import (
     SACAgent,
     actor_loss_per_sample,
@@ -34,14 +36,16 @@ from litlab.lit_modules.rl.sac import (
 )
 
 
-class OnlineSAC(L.LightningModule):
+class OnlineSAC(RLModule):
     """SAC on the env reward in Lightning: exactly ``SACAgent.update``'s three steps under manual optimisation."""
+
+    needs_offline = False
 
     def __init__(
         self,
-        hidden: list[int] = [64, 64],
+        hidden: tuple[int, ...] = (64, 64),
         lr: float = 3e-4,
-        batch_size: int = 128,  # noqa: B006
+        batch_size: int = 128,
         learning_starts: int = 100,
         log_every: int = 50,
     ):
@@ -49,10 +53,9 @@ class OnlineSAC(L.LightningModule):
         self.save_hyperparameters()
         self.automatic_optimization = False
 
-    def setup(self, stage: str) -> None:
-        if not hasattr(self, "agent"):
-            dm = self.trainer.datamodule
-            self.agent = SACAgent(dm.obs_dim, dm.act_dim, self.hparams.hidden, self.hparams.lr)
+    def build(self, obs_dim: int, act_dim: int) -> None:
+        self.agent = SACAgent(obs_dim, act_dim, list(self.hparams.hidden), self.hparams.lr)
+        self.dims = (obs_dim, act_dim)
 
     def configure_optimizers(self):
         return [self.agent.opt_critic, self.agent.opt_actor, self.agent.opt_alpha]
@@ -66,7 +69,7 @@ class OnlineSAC(L.LightningModule):
         opt.step()
 
     def training_step(self, idx, batch_idx: int) -> None:
-        hp, dm, ag = self.hparams, self.trainer.datamodule, self.agent
+        hp, dm, ag = self.hparams, self.data, self.agent
         dm.collect(None if dm.env_steps < hp.learning_starts else (lambda o: ag.actor.act(o)))
         if dm.env_steps > hp.learning_starts:
             opt_critic, opt_actor, opt_alpha = self.optimizers()
@@ -84,7 +87,7 @@ class OnlineSAC(L.LightningModule):
 
 
 def plain_loop(
-    env_id: str, steps: int, hidden: list[int], batch_size: int, learning_starts: int, seed: int
+    env_id: str, steps: int, hidden: tuple[int, ...], batch_size: int, learning_starts: int, seed: int
 ) -> tuple[float, float]:
     torch.manual_seed(seed)
     env = make_env(env_id)
@@ -101,7 +104,7 @@ def plain_loop(
 
 
 def lightning_loop(
-    env_id: str, steps: int, hidden: list[int], batch_size: int, learning_starts: int, seed: int
+    env_id: str, steps: int, hidden: tuple[int, ...], batch_size: int, learning_starts: int, seed: int
 ) -> tuple[float, float]:
     L.seed_everything(seed, verbose=False)
     dm = RLDataModule(env_id=env_id, dataset_level=None, n_online_steps=steps, env_seed=seed)
@@ -134,7 +137,7 @@ def benchmark(
     env_id: str = "Pendulum-v1",
     steps: int = 1000,
     rounds: int = 3,
-    hidden: list[int] = [64, 64],  # noqa: B006
+    hidden: tuple[int, ...] = (64, 64),
     batch_size: int = 128,
     learning_starts: int = 100,
 ) -> dict:
@@ -149,7 +152,7 @@ def benchmark(
         "env_id": env_id,
         "steps_per_round": steps,
         "rounds": rounds,
-        "hidden": hidden,
+        "hidden": list(hidden),
         "batch_size": batch_size,
         "plain_steps_per_s_wall": [round(x[0], 1) for x in plain],
         "lightning_steps_per_s_wall": [round(x[0], 1) for x in lit],
@@ -161,16 +164,18 @@ def benchmark(
     return res
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="litlab bench rl_loop", description=__doc__.split("\n")[0])
     parser.add_argument("--env", default="Pendulum-v1")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
     parser.add_argument("--batch-size", type=int, default=128)
-    args = parser.parse_args()
-    print(json.dumps(benchmark(args.env, args.steps, args.rounds, args.hidden, args.batch_size), indent=2))
+    args = parser.parse_args(argv)
+    res = benchmark(args.env, args.steps, args.rounds, tuple(args.hidden), args.batch_size)
+    print(json.dumps(res, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

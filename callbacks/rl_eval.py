@@ -1,6 +1,9 @@
 """``RLEvalCallback``: deterministic evaluation episodes on a separate env every ``every_n_iterations`` loop
 iterations (and at the offline→online switch and the end), logged against ``env_steps``; plus periodic
-``last.ckpt`` saves, since an RL run is one long epoch and ModelCheckpoint would only save at its end."""
+``last.ckpt`` saves, since an RL run is one long epoch and ModelCheckpoint would only save at its end.
+
+It reads the datamodule through the RL family's ``RLData`` contract (checked once in ``setup``) and the module
+through ``act(obs, deterministic)``."""
 
 from __future__ import annotations
 
@@ -10,8 +13,17 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from litlab.lit_modules.rl.envs import evaluate
+
+from litlab.lit_modules.core.errors import ContractError
+from litlab.lit_modules.rl.contract import RLData, check_rl_data, evaluate
 from litlab.lit_modules.rl.scores import normalized_score
+
+
+def logged_step(trainer: L.Trainer) -> int:
+    """The step Lightning logs training metrics at. No public name holds it (``global_step`` counts optimiser
+    steps, several per RL iteration): this is the one private Lightning name the RL family reads, and
+    tests/test_rl_core.py fails loudly when a Lightning release renames it."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
 
 
 class RLEvalCallback(L.Callback):
@@ -46,10 +58,17 @@ class RLEvalCallback(L.Callback):
     def load_state_dict(self, state: dict) -> None:
         self._online_scores = [float(x) for x in state.get("online_scores", [])]
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        check_rl_data(trainer.datamodule, needs_offline=False, user="RLEvalCallback")
+        if not callable(getattr(pl_module, "act", None)):
+            raise ContractError(
+                f"{type(pl_module).__name__} lacks 'act(obs, deterministic)', which RLEvalCallback needs"
+            )
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
-        dm = trainer.datamodule
+        dm: RLData = trainer.datamodule
         it = dm.iteration
         phase_end = dm.n_offline_steps > 0 and it == dm.n_offline_steps
         if it % self.every == 0 or it == dm.total_iterations or phase_end:
@@ -71,19 +90,18 @@ class RLEvalCallback(L.Callback):
     def run_eval(
         self, trainer: L.Trainer, pl_module: L.LightningModule, phase_end: bool = False
     ) -> dict[str, float]:
-        dm = trainer.datamodule
-        env_kwargs = {"terminate_when_unhealthy": dm.hparams.terminate_when_unhealthy}
+        dm: RLData = trainer.datamodule
         returns = evaluate(
             lambda o: pl_module.act(o.to(pl_module.device), deterministic=True),
-            dm.hparams.env_id,
+            dm.env_id,
             self.n_episodes,
             self.seed_base,
             dm.obs_scale,
-            env_kwargs,
+            dm.env_kwargs,
         )
         ret = float(np.mean(returns))
         try:
-            score = normalized_score(dm.hparams.env_id, ret, self.ref_table)
+            score = normalized_score(dm.env_id, ret, self.ref_table)
         except KeyError:
             score = math.nan
         metrics = {
@@ -101,9 +119,7 @@ class RLEvalCallback(L.Callback):
             metrics["eval/score_auc"] = float(np.mean(self._online_scores))
         self.history.append(metrics)
         # straight to the loggers: an evaluation must not be dropped by log_every_n_steps
-        step = (
-            trainer.fit_loop.epoch_loop._batches_that_stepped
-        )  # the step Lightning logs training metrics at
+        step = logged_step(trainer)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         for k, v in metrics.items():

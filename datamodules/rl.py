@@ -1,5 +1,6 @@
 """``RLDataModule``: the offline data set (D4RL layout) and the online replay buffer of an RL run, the training
-env and its collector, and a loader of step indices that drives the loop (dare.md §5, ngt.md §5).
+env and its collector, and a loader of step indices that drives the loop. It implements the RL family's
+``RLData`` contract (``litlab.lit_modules.rl.contract``).
 
 The env is stepped by the LightningModule inside ``training_step`` through ``collect`` — never in a DataLoader
 worker. The loader only yields iteration indices ``0 .. n_offline_steps + n_online_steps − 1``, starting at the
@@ -15,12 +16,13 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from litlab.lit_modules.core.errors import DatasetUnavailableError
-from litlab.lit_modules.rl.d4rl_io import episode_returns, load_dataset
-from litlab.lit_modules.rl.envs import Collector, Policy, check_env_available, env_dims, make_env
-from litlab.lit_modules.rl.factory import LEVELS, cached_dataset, dataset_path
-from litlab.lit_modules.rl.replay import ReplayBuffer
 from torch.utils.data import DataLoader, IterableDataset
+
+from litlab.datamodules.rl_d4rl import LEVELS, dataset_path, episode_returns, load_dataset
+from litlab.datamodules.rl_datasets import ANALYTIC_ENVS, cached_dataset, missing_dataset_error
+from litlab.datamodules.rl_env import Collector, Policy, check_env_available, env_dims, make_env
+from litlab.datamodules.rl_replay import ReplayBuffer
+from litlab.lit_modules.core.errors import DatasetUnavailableError
 
 
 class StepIndexDataset(IterableDataset):
@@ -53,12 +55,14 @@ class RLDataModule(L.LightningDataModule):
         terminate_when_unhealthy: bool | None = None,
         env_seed: int | None = None,
     ):
-        """``dataset_path`` (a D4RL/Minari HDF5 file) or ``dataset_level`` (``<cache>/d4rl/<env>-<level>.hdf5``,
-        generated when missing if ``generate_dataset``); ``num_demos``/``subsampling_rate``/``subsampling_offset``
-        keep the first episodes and every n-th transition from a random (or given) offset (expert demos);
-        ``iql_reward_norm`` multiplies ``reward_scale`` by 1000 / (max − min episode return of the offline data), IQL's
-        locomotion preprocessing (dare.md §3.9), for offline and online rewards alike; ``env_seed`` defaults to
-        ``seed_everything``'s seed."""
+        """``dataset_path`` (a D4RL/Minari HDF5 file) or ``dataset_level`` (``<cache>/d4rl/<env>-<level>.hdf5``;
+        when missing and ``generate_dataset``, generated on first use for Pendulum-v1 — seconds, analytic
+        controller —, otherwise ``litlab data d4rl`` makes it); ``num_demos``/``subsampling_rate``/
+        ``subsampling_offset`` keep the first episodes and every n-th transition from a random (or given) offset
+        (expert demos); ``iql_reward_norm`` multiplies ``reward_scale`` by 1000 / (max − min episode return of the
+        offline data), IQL's locomotion preprocessing (Kostrikov et al., "Offline Reinforcement Learning with
+        Implicit Q-Learning", arXiv 2110.06169, App. B), for offline and online rewards alike; ``env_seed``
+        defaults to ``seed_everything``'s seed."""
         super().__init__()
         self.save_hyperparameters()
         check_env_available(env_id)
@@ -94,20 +98,34 @@ class RLDataModule(L.LightningDataModule):
             return None
         path = dataset_path(hp.env_id, hp.dataset_level)
         if not path.exists() and not hp.generate_dataset:
-            raise DatasetUnavailableError(
-                f"no {hp.env_id} {hp.dataset_level} data set at {path}: generate it once with "
-                f"`litlab data d4rl --env {hp.env_id} --level {hp.dataset_level}` (trains "
-                "a policy locally; hours on CPU for MuJoCo), or set data.dataset_path"
+            raise missing_dataset_error(hp.env_id, hp.dataset_level, path, "generate_dataset is false")
+        if not path.exists() and hp.env_id not in ANALYTIC_ENVS:
+            raise missing_dataset_error(
+                hp.env_id, hp.dataset_level, path, "only Pendulum-v1 is generated on first use"
             )
         return path
 
+    @property
+    def env_id(self) -> str:
+        return self.hparams.env_id
+
+    @property
+    def env_kwargs(self) -> dict:
+        """Arguments of ``make_env`` beyond the id, for the training env and evaluation envs alike."""
+        return {"terminate_when_unhealthy": self.hparams.terminate_when_unhealthy}
+
     # ---- data ------------------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Generate the cached analytic data set on first use (the Trainer calls this before ``setup``)."""
+        if self.data_file is not None and not self.data_file.exists():
+            cached_dataset(self.hparams.env_id, self.hparams.dataset_level, self.hparams.dataset_size, seed=0)
+
     def setup(self, stage: str | None = None) -> None:
         if self.collector is not None:
             return
         hp = self.hparams
         seed = hp.env_seed if hp.env_seed is not None else int(torch.initial_seed() % 2**31)
-        env = make_env(hp.env_id, terminate_when_unhealthy=hp.terminate_when_unhealthy)
+        env = make_env(hp.env_id, **self.env_kwargs)
         obs_dim, act_dim = env_dims(env)
         self.obs_scale = torch.tensor(hp.obs_scale, dtype=torch.float32) if hp.obs_scale else None
         if self.obs_scale is not None and self.obs_scale.numel() != obs_dim:
@@ -116,8 +134,7 @@ class RLDataModule(L.LightningDataModule):
             )
         self.reward_scale = hp.reward_scale
         if self.data_file is not None:
-            if not self.data_file.exists():
-                cached_dataset(hp.env_id, hp.dataset_level, hp.dataset_size, seed=0)
+            self.prepare_data()  # a no-op when the Trainer ran it; here for direct ``setup()`` calls
             self.offline = self._load_offline(self.data_file, seed, obs_dim, act_dim)
         self.online = ReplayBuffer(obs_dim, act_dim, min(hp.buffer_capacity, max(hp.n_online_steps, 1)))
         self.collector = Collector(env, self.online, seed, self.obs_scale, self.reward_scale)
@@ -173,8 +190,20 @@ class RLDataModule(L.LightningDataModule):
         return 0 if self.offline is None else len(self.offline["obs"])
 
     @property
+    def online_size(self) -> int:
+        return 0 if self.online is None else len(self.online)
+
+    @property
     def env_steps(self) -> int:
         return 0 if self.collector is None else self.collector.env_steps
+
+    @property
+    def episodes(self) -> int:
+        return 0 if self.collector is None else self.collector.episodes
+
+    @property
+    def last_episode_return(self) -> float:
+        return float("nan") if self.collector is None else self.collector.last_episode_return
 
     def sample_offline(self, n: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
         if self.offline is None:
@@ -188,6 +217,10 @@ class RLDataModule(L.LightningDataModule):
     def collect(self, policy: Policy | None) -> dict[str, float]:
         """One training-env step with ``policy`` (None: uniform random), pushed into the online buffer."""
         return self.collector.step(policy)
+
+    def last_transition(self) -> dict[str, torch.Tensor]:
+        """The transition the last ``collect`` pushed (obs scaled, reward scaled)."""
+        return self.online.last()
 
     def finish_iteration(self, idx: int) -> None:
         self.iteration = int(idx) + 1

@@ -1,4 +1,7 @@
-"""D4RL-layout HDF5 files (dare.md §5.1): writer, and one reader for D4RL files and Minari data sets.
+"""D4RL-layout HDF5 files: writer, one reader for D4RL files and Minari data sets, and where the cache keeps them.
+
+The layout is D4RL's (Fu et al., "D4RL: Datasets for Deep Data-Driven Reinforcement Learning", arXiv 2004.07219;
+the ``d4rl`` package's ``offline_env.py``).
 
 D4RL v2 keys: ``observations`` [N, d_s] f32, ``actions`` [N, d_a] f32, ``next_observations`` [N, d_s] f32,
 ``rewards`` [N] f32, ``terminals`` [N] bool, ``timeouts`` [N] bool, ``infos/*``, ``metadata/*``. ``terminals``
@@ -15,9 +18,22 @@ from typing import Any
 
 import h5py
 import numpy as np
-from litlab.lit_modules.core.io import atomic_path
+
+from litlab.lit_modules.core.io import atomic_path, cache_dir
 
 REQUIRED = ("observations", "actions", "rewards", "terminals")
+# D4RL's data-set levels: random, medium (≈ 1/3 of the expert return), medium-replay, expert, medium ∪ expert
+LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
+
+
+def dataset_path(env_id: str, level: str, root: Path | None = None) -> Path:
+    """``<cache>/d4rl/<env>-<level>.hdf5``: where ``litlab data d4rl`` writes and the data module looks."""
+    return (root or cache_dir() / "d4rl") / f"{env_id}-{level}.hdf5"
+
+
+def cached_refs_path() -> Path:
+    """The measured (random, expert) returns of toy envs, written beside the cached data sets."""
+    return cache_dir() / "d4rl" / "ref_scores.json"
 
 
 def write_d4rl(path: str | os.PathLike, data: dict[str, np.ndarray], metadata: dict[str, Any]) -> Path:

@@ -11,8 +11,9 @@ from collections.abc import Callable
 import gymnasium as gym
 import numpy as np
 import torch
+
+from litlab.datamodules.rl_replay import ReplayBuffer
 from litlab.lit_modules.core.errors import EnvUnavailableError
-from litlab.lit_modules.rl.replay import ReplayBuffer
 
 MUJOCO_ENVS = (
     "Hopper",

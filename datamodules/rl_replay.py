@@ -35,6 +35,13 @@ class ReplayBuffer:
         self.ptr = (self.ptr + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
+    def last(self) -> dict[str, torch.Tensor]:
+        """The row added most recently (views into the buffer, on its device)."""
+        if self.size == 0:
+            raise RuntimeError("the replay buffer is empty: no last row")
+        i = (self.ptr - 1) % self.capacity
+        return {k: v[i] for k, v in self.data.items()}
+
     def sample(self, n: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
         if self.size == 0:
             raise RuntimeError("cannot sample from an empty replay buffer")

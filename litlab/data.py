@@ -40,8 +40,8 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
+    from litlab.datamodules.rl_d4rl import episode_returns, load_dataset, read_metadata
     from litlab.lit_modules.core.errors import ResourceUnavailableError
-    from litlab.lit_modules.rl.d4rl_io import episode_returns, load_dataset, read_metadata
 
     if args.info:
         data = load_dataset(args.info)
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.env:
         parser.error("d4rl needs --env (or --info FILE)")
-    from litlab.lit_modules.rl.envs import MUJOCO_ENVS
+    from litlab.datamodules.rl_env import MUJOCO_ENVS
     from litlab.lit_modules.rl.factory import make_dataset
 
     mujoco = args.env.split("-")[0] in MUJOCO_ENVS

@@ -1,4 +1,5 @@
-"""NGT acceptance checks (ngt.md §7). §7.8 (Pendulum from 20 transitions, minutes) is `slow`."""
+"""NGT (arXiv 2509.26294) checks: frozen prior, Lipschitz construction, HL-Gauss, the adversarial step, the
+transport bound, reward shaping, and (slow) the effect on Pendulum from 20 expert transitions."""
 
 import math
 from pathlib import Path
@@ -7,9 +8,10 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from litlab.lit_modules.rl.ngt import NGT
-from litlab.lit_modules.rl.random_prior import RandomPriorPotential, RewardShaper, hl_gauss_targets
 from scipy.stats import norm
+
+from litlab.lit_modules.rl.ngt import NGT, RewardModel, SACSettings, Schedule
+from litlab.lit_modules.rl.random_prior import RandomPriorPotential, RewardShaper, hl_gauss_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 GAIN = math.sqrt(2 / (1 + 0.2**2))
@@ -19,7 +21,7 @@ def _linears(net):
     return [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
 
 
-# ---- §7.1 frozen prior ----------------------------------------------------------------------------
+# ---- frozen prior ----------------------------------------------------------------------------
 def test_prior_frozen_predictor_trained_over_200_iterations():
     from litlab.datamodules.rl import RLDataModule
 
@@ -34,13 +36,9 @@ def test_prior_frozen_predictor_trained_over_200_iterations():
         obs_scale=[1.0, 1.0, 8.0],
     )
     model = NGT(
-        reward_hidden=[32, 32],
-        out_emb_dim=16,
-        hidden=[32, 32],
-        batch_size=32,
-        expert_batch_size=32,
-        learning_starts=50,
-        reward_lr=1e-3,
+        reward_model=RewardModel(hidden=(32, 32), out_emb_dim=16, lr=1e-3),
+        sac=SACSettings(hidden=(32, 32)),
+        schedule=Schedule(batch_size=32, expert_batch_size=32, learning_starts=50),
     )
     dm.setup("fit")
     model.build(dm.obs_dim, dm.act_dim)
@@ -64,7 +62,7 @@ def test_prior_frozen_predictor_trained_over_200_iterations():
     assert held == {id(p) for p in model.reward_net.predictor.parameters()}
 
 
-# ---- §7.2 Lipschitz by construction, §7.3 orthogonal init ----------------------------------------
+# ---- Lipschitz by construction, orthogonal init ----------------------------------------
 def test_spectral_norm_bounds_every_layer_and_the_potential():
     torch.manual_seed(0)
     net = RandomPriorPotential(8)
@@ -100,7 +98,7 @@ def test_orthogonal_init_before_spectral_norm():
             assert torch.all(layer.bias == 0)
 
 
-# ---- §7.4 HL-Gauss ------------------------------------------------------------------------------
+# ---- HL-Gauss ------------------------------------------------------------------------------
 def test_hl_gauss_targets_and_loss_minimum():
     radius, bins = 3.0, 21
     edges = torch.linspace(-radius, radius, bins + 1, dtype=torch.float64)
@@ -121,7 +119,7 @@ def test_hl_gauss_targets_and_loss_minimum():
     assert net.potential(torch.randn(4, 5)).shape == (4, 1)
 
 
-# ---- §7.5 direction of the adversarial step ------------------------------------------------------
+# ---- direction of the adversarial step ------------------------------------------------------
 def _batches(seed=0):
     g = torch.Generator().manual_seed(seed)
 
@@ -173,7 +171,7 @@ def test_adversarial_step_direction_and_red_ignores_agent():
     assert all(torch.equal(a, b) for a, b in zip(grads(agent), grads(other)))
 
 
-# ---- §7.6 transport bound -----------------------------------------------------------------------
+# ---- transport bound -----------------------------------------------------------------------
 def test_learned_gap_is_positive_and_bounded_by_w1():
     torch.manual_seed(0)
     net = RandomPriorPotential(4)
@@ -193,7 +191,7 @@ def test_learned_gap_is_positive_and_bounded_by_w1():
     assert 0 < gap <= 2 / math.sqrt(64) * 1.05**4 * 3.0 + 3 * se
 
 
-# ---- §7.7 reward shaping ------------------------------------------------------------------------
+# ---- reward shaping ------------------------------------------------------------------------
 def test_reward_shapings():
     h = torch.linspace(0, 5, 101)
     r = RewardShaper("exp")(h)
@@ -225,7 +223,7 @@ def test_reward_shapings():
 def test_rewards_are_recomputed_with_the_current_predictor():
     torch.manual_seed(0)
     expert, agent = _batches()
-    model = NGT(obs_dim=3, act_dim=1, reward_shaping="exp")
+    model = NGT(obs_dim=3, act_dim=1, reward_model=RewardModel(shaping="exp"))
     before = model.reward(agent)
     opt = torch.optim.Adam(model.reward_net.predictor.parameters(), lr=1e-2)
     model.reward_loss(expert, agent).backward()
@@ -233,7 +231,7 @@ def test_rewards_are_recomputed_with_the_current_predictor():
     assert not torch.allclose(model.reward(agent), before)
 
 
-# ---- §7.8 effect (Pendulum, 20 expert transitions, 2 seeds) ---------------------------------------
+# ---- effect (Pendulum, 20 expert transitions, 2 seeds) ---------------------------------------
 @pytest.mark.slow
 def test_effect_ngt_beats_red_from_20_transitions():
     from litlab.cards import load_card
@@ -252,14 +250,9 @@ def test_running_obs_normaliser_path_and_state_only_input():
         env_id="Pendulum-v1", dataset_level="expert", num_demos=1, subsampling_rate=10, n_online_steps=60
     )
     model = NGT(
-        input_mode="ss",
-        obs_norm=True,
-        reward_hidden=[16, 16],
-        out_emb_dim=8,
-        hidden=[16, 16],
-        batch_size=16,
-        expert_batch_size=16,
-        learning_starts=30,
+        reward_model=RewardModel(input_mode="ss", hidden=(16, 16), out_emb_dim=8),
+        sac=SACSettings(hidden=(16, 16), obs_norm=True),
+        schedule=Schedule(batch_size=16, expert_batch_size=16, learning_starts=30),
     )
     trainer = L.Trainer(
         max_epochs=1,

@@ -4,9 +4,9 @@ is missing (MuJoCo, or the locally generated D4RL-layout data set), when it is m
 from pathlib import Path
 
 import pytest
-from litlab.lit_modules.core.errors import ResourceUnavailableError
 
 from litlab.cli import LitlabCLI
+from litlab.lit_modules.core.errors import ResourceUnavailableError
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = [

@@ -8,12 +8,14 @@ import h5py
 import numpy as np
 import pytest
 import torch
+
+from litlab.datamodules.rl_d4rl import episode_returns, load_dataset, read_metadata, write_d4rl
+from litlab.datamodules.rl_datasets import pendulum_swingup
+from litlab.datamodules.rl_env import Collector, evaluate, make_env
+from litlab.datamodules.rl_replay import ReplayBuffer
 from litlab.lit_modules.core.errors import EnvUnavailableError
-from litlab.lit_modules.rl.d4rl_io import episode_returns, load_dataset, read_metadata, write_d4rl
-from litlab.lit_modules.rl.envs import Collector, evaluate, make_env
-from litlab.lit_modules.rl.factory import make_dataset, pendulum_swingup
+from litlab.lit_modules.rl.factory import make_dataset
 from litlab.lit_modules.rl.nets import TanhGaussianActor
-from litlab.lit_modules.rl.replay import ReplayBuffer
 from litlab.lit_modules.rl.scores import D4RL_REF_SCORES, normalized_score, ref_returns
 
 
@@ -49,7 +51,7 @@ def test_d4rl_hdf5_roundtrip_keys_and_metadata(tmp_path):
     path = make_dataset(
         "Pendulum-v1", "medium", n_transitions=450, seed=3, out=tmp_path / "p.hdf5", log=lambda *a: None
     )
-    with h5py.File(path) as f:  # dare.md §5.1 layout
+    with h5py.File(path) as f:  # D4RL v2 layout (arXiv 2004.07219)
         for key in (
             "observations",
             "actions",

@@ -1,5 +1,6 @@
-"""Behaviour models fitted on the offline data (dare.md §3.2): a tanh-Gaussian (density, cheap) and a small
-conditional DDPM (ε-prediction, T denoising steps, paper default without energy guidance)."""
+"""Behaviour models fitted on the offline data (DARE, arXiv 2511.03828): a tanh-Gaussian (density, cheap) and a
+small conditional DDPM (Ho et al., arXiv 2006.11239; ε-prediction, T denoising steps), the paper's family,
+without its energy guidance."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import math
 from collections.abc import Sequence
 
 import torch
-from litlab.lit_modules.rl.nets import TanhGaussianActor, mlp
 from torch import nn
+
+from litlab.lit_modules.rl.nets import TanhGaussianActor, mlp
 
 
 class GaussianBehavior(nn.Module):
@@ -24,7 +26,8 @@ class GaussianBehavior(nn.Module):
 
     @torch.no_grad()
     def sample(self, obs: torch.Tensor, k: int) -> torch.Tensor:
-        """Reference actions [K, N, d_a]: the behaviour mean for K = 1 (dare.md §6), K samples otherwise."""
+        """Reference actions [K, N, d_a]: the behaviour mean for K = 1 (the cheap CPU
+        choice), K samples otherwise."""
         if k == 1:
             return self.policy.mode(obs).unsqueeze(0)
         return torch.stack([self.policy.sample(obs)[0] for _ in range(k)])

@@ -1,17 +1,26 @@
-"""DARE — Dynamic Alignment for RElaxation (offline-to-online RL), on IQL (dare.md).
+"""DARE — Dynamic Alignment for RElaxation (offline-to-online RL), on IQL.
+
+"From Static Constraints to Dynamic Adaptation: Sample-Level Constraint Release/Relaxation for Offline-to-Online
+RL" (ICML 2026; arXiv 2511.03828, v1 titled "... via Energy-Guided Diffusion Stratification"). Only the abstracts
+and the opening of v1 could be read; the details below come from the public reviews of the ICLR 2026 submission
+of the same work (OpenReview lgL9xSFt11), which quote its alignment score (their Eq. 7), the per-origin Gaussian
+fits (their Sec. 5.3) and the fixed entropy coefficient. The base algorithm is IQL (Kostrikov et al., "Offline
+Reinforcement Learning with Implicit Q-Learning", arXiv 2110.06169), with CORL's update order.
 
 Per sample and per gradient step, DARE decides whether IQL's conservative AWR actor loss is kept (offline-like,
 m = 1) or relaxed to an SAC-style actor loss with a fixed entropy coefficient (online-like, m = 0): every
-sample's action is scored against a frozen behaviour model fitted on the offline data (§3.4), one Gaussian is
-fitted to the scores of each origin (§3.5), and the posterior "exchanges" behaviour-inconsistent offline samples
-into the relaxed subset and behaviour-consistent online samples into the constrained one (§3.6).
+sample's action is scored against a frozen behaviour model fitted on the offline data (``align``), one Gaussian
+is fitted to the scores of each origin (``fit_gaussians``, ``posterior_online``), and the posterior "exchanges"
+behaviour-inconsistent offline samples into the relaxed subset and behaviour-consistent online samples into the
+constrained one (``exchange``).
 
 The baselines are the same objective with another mask: ``mask_mode="constrained"`` (m ≡ 1) is IQL-O2O,
 ``mask_mode="origin"`` (m = origin, i.e. τ_x = 1) is the binary offline/online split.
 
-Reconstructed [R] (the paper's body was not reachable, dare.md §2): the Gaussian-KL alignment score, the
-exchange threshold and its guards, the fixed α_ent, the warm-up rule. Not implemented here: the Cal-QL and
-TD3+BC instantiations and the energy guidance of the diffusion behaviour model (dare.md §3.2 step 3).
+Reconstructed (the paper's method section could not be read): the Gaussian-KL reading of the alignment score,
+the exchange threshold and its guards, the value of α_ent, the warm-up rule. Not implemented here: the Cal-QL
+and TD3+BC instantiations and the energy guidance of the diffusion behaviour model (QGPO's contrastive energy
+prediction, Lu et al., arXiv 2304.12824).
 """
 
 from __future__ import annotations
@@ -20,17 +29,19 @@ import copy
 import math
 from typing import Literal
 
-import lightning as L
 import torch
+
+from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.rl import iql
 from litlab.lit_modules.rl.behavior import DiffusionBehavior, GaussianBehavior
+from litlab.lit_modules.rl.module import RLModule
 from litlab.lit_modules.rl.nets import TanhGaussianActor, TwinCritic, ValueNet
 from litlab.lit_modules.rl.sac import actor_loss_per_sample, polyak_update
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-# ---- §3.4 alignment score ------------------------------------------------------------------------
+# ---- the alignment score (reviews' Eq. 7; Gaussian-KL reading reconstructed) --------------------------
 def align(
     act: torch.Tensor,
     ref: torch.Tensor,
@@ -52,7 +63,7 @@ def align(
     raise ValueError(f"align_mode={mode!r} is not one of gaussian_kl, softmax_kl, nll")
 
 
-# ---- §3.5 one Gaussian per origin and the posterior ----------------------------------------------
+# ---- one Gaussian per origin and the posterior (reviews' Sec. 5.3) -----------------------------------
 def fit_gaussians(d: torch.Tensor, online: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """(μ_off, σ_off, μ_on, σ_on), population std + ε_σ."""
     off, on = d[~online], d[online]
@@ -71,7 +82,7 @@ def posterior_online(d: torch.Tensor, fits: torch.Tensor, prior_online: float) -
     return torch.exp(log_on - torch.logaddexp(log_on, log_off))
 
 
-# ---- §3.6 exchange ------------------------------------------------------------------------------
+# ---- the exchange (reconstructed: the paper's threshold and guards could not be read) -----------------
 def exchange(
     d: torch.Tensor,
     online: torch.Tensor,
@@ -97,85 +108,131 @@ def exchange(
     return mask
 
 
-class DARE(L.LightningModule):
+# ---- the constructor's argument groups --------------------------------------------------------------
+@config_part
+class Networks:
+    """Actor, twin critic and value net: 2-layer MLPs of these widths; LayerNorm in critic and value net."""
+
+    hidden: tuple[int, ...] = (256, 256)
+    critic_layer_norm: bool = True
+
+
+@config_part
+class BehaviorModel:
+    """The behaviour model fitted on the offline data, frozen online: ``gaussian`` (tanh-Gaussian, cheap) or
+    ``diffusion`` (conditional DDPM with ``diffusion_steps`` steps, the paper's family; energy guidance is not
+    implemented). ``lr``: its Adam learning rate during the offline phase."""
+
+    kind: Literal["gaussian", "diffusion"] = "gaussian"
+    diffusion_steps: int = 5
+    energy_guidance: bool = False
+    lr: float = 1e-3
+
+
+@config_part
+class Relaxation:
+    """DARE's sample-level rule: the alignment score (``align_mode``, K reference actions, σ_d), the per-origin
+    Gaussian fits (optionally an EMA over batches), the exchange (``hard`` at threshold τ_x, or ``stochastic``)
+    and the fixed entropy coefficient α_ent of the relaxed (SAC-style) actor loss."""
+
+    align_mode: Literal["gaussian_kl", "softmax_kl", "nll"] = "gaussian_kl"
+    align_k: int = 1
+    align_sigma: float = 1.0
+    gauss_ema: float = 0.0
+    exchange_mode: Literal["hard", "stochastic"] = "hard"
+    exchange_tau: float = 0.5
+    ent_coef: float = 0.2
+
+
+@config_part
+class IQLSettings:
+    """IQL (arXiv 2110.06169): expectile τ_e of the value loss, inverse temperature β of AWR, discount γ, Polyak
+    rate of the target critic (MuJoCo defaults)."""
+
+    expectile: float = 0.7
+    beta: float = 3.0
+    gamma: float = 0.99
+    polyak: float = 0.005
+
+
+@config_part
+class Optim:
+    """Adam learning rates and the rows per gradient step from each buffer (N = N_off + N_on; Cal-QL's 0.5 mix)."""
+
+    lr_actor: float = 3e-4
+    lr_critic: float = 3e-4
+    batch_offline: int = 128
+    batch_online: int = 128
+
+
+NETWORKS, BEHAVIOR_MODEL, RELAXATION = Networks(), BehaviorModel(), Relaxation()
+IQL_SETTINGS, OPTIM = IQLSettings(), Optim()
+
+
+class DARE(RLModule):
     def __init__(
         self,
         base_algo: Literal["iql"] = "iql",
         mask_mode: Literal["dare", "constrained", "origin"] = "dare",
-        behavior: Literal["gaussian", "diffusion"] = "gaussian",
-        energy_guidance: bool = False,
-        align_mode: Literal["gaussian_kl", "softmax_kl", "nll"] = "gaussian_kl",
-        align_k: int = 1,
-        align_sigma: float = 1.0,
-        exchange_mode: Literal["hard", "stochastic"] = "hard",
-        exchange_tau: float = 0.5,
-        gauss_ema: float = 0.0,
-        ent_coef: float = 0.2,
-        iql_expectile: float = 0.7,
-        iql_beta: float = 3.0,
-        gamma: float = 0.99,
-        polyak: float = 0.005,
-        lr_actor: float = 3e-4,
-        lr_critic: float = 3e-4,
-        lr_behavior: float = 1e-3,
-        hidden: list[int] = [256, 256],  # noqa: B006
-        critic_layer_norm: bool = True,
-        batch_offline: int = 128,
-        batch_online: int = 128,
-        diffusion_steps: int = 5,
+        networks: Networks = NETWORKS,
+        behavior_model: BehaviorModel = BEHAVIOR_MODEL,
+        relaxation: Relaxation = RELAXATION,
+        iql: IQLSettings = IQL_SETTINGS,
+        optim: Optim = OPTIM,
         log_every: int = 50,
         obs_dim: int | None = None,
         act_dim: int | None = None,
     ):
-        """``obs_dim``/``act_dim`` default to the datamodule's env (networks are built in ``setup``)."""
+        """``mask_mode`` picks DARE or one of its two baselines; ``obs_dim``/``act_dim`` default to the
+        datamodule's env (the networks are then built in ``setup``)."""
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
+        # the groups as given (hparams holds them as LightningCLI's plain mappings)
+        self.networks, self.behavior_model, self.relaxation = networks, behavior_model, relaxation
+        self.iql, self.optim = iql, optim
         if base_algo != "iql":
             raise ValueError(
                 f"base_algo={base_algo!r}: only 'iql' is implemented (Cal-QL and TD3+BC are not yet)"
             )
-        if energy_guidance:
+        if behavior_model.energy_guidance:
             raise ValueError(
-                "energy_guidance=True is not implemented (dare.md §3.2 step 3); use energy_guidance=false"
+                "behavior_model.energy_guidance=True is not implemented (QGPO-style energy guidance); "
+                "use energy_guidance: false"
             )
-        if not 0.0 <= exchange_tau <= 1.0 or not 0.0 <= gauss_ema < 1.0 or align_k < 1:
+        rx = relaxation
+        if not 0.0 <= rx.exchange_tau <= 1.0 or not 0.0 <= rx.gauss_ema < 1.0 or rx.align_k < 1:
             raise ValueError(
-                f"need 0 <= exchange_tau <= 1, 0 <= gauss_ema < 1, align_k >= 1; got {exchange_tau}, "
-                f"{gauss_ema}, {align_k}"
+                f"need 0 <= exchange_tau <= 1, 0 <= gauss_ema < 1, align_k >= 1; got {rx.exchange_tau}, "
+                f"{rx.gauss_ema}, {rx.align_k}"
             )
         self.online_phase = False
-        self.mechanism: list[
-            torch.Tensor
-        ] = []  # per online step: env_steps, μ_on − μ_off, moves, constrained share
+        # per online step: env_steps, μ_on − μ_off, off→relaxed moves, on→constrained moves, constrained share
+        self.mechanism: list[torch.Tensor] = []
         if obs_dim is not None and act_dim is not None:
             self.build(obs_dim, act_dim)
 
     def build(self, obs_dim: int, act_dim: int) -> None:
-        hp, h = self.hparams, list(self.hparams.hidden)
+        h, layer_norm, bm = list(self.networks.hidden), self.networks.critic_layer_norm, self.behavior_model
         self.actor = TanhGaussianActor(obs_dim, act_dim, h)
-        self.critic = TwinCritic(obs_dim, act_dim, h, layer_norm=hp.critic_layer_norm)
+        self.critic = TwinCritic(obs_dim, act_dim, h, layer_norm=layer_norm)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.value = ValueNet(obs_dim, h, layer_norm=hp.critic_layer_norm)
+        self.value = ValueNet(obs_dim, h, layer_norm=layer_norm)
         self.behavior = (
             GaussianBehavior(obs_dim, act_dim, h)
-            if hp.behavior == "gaussian"
-            else DiffusionBehavior(obs_dim, act_dim, [*h, h[-1]], n_steps=hp.diffusion_steps)
+            if bm.kind == "gaussian"
+            else DiffusionBehavior(obs_dim, act_dim, [*h, h[-1]], n_steps=bm.diffusion_steps)
         )
         self.register_buffer("gauss_fits", torch.zeros(4))
-
-    def setup(self, stage: str) -> None:
-        if not hasattr(self, "actor"):
-            dm = self.trainer.datamodule
-            self.build(dm.obs_dim, dm.act_dim)
+        self.dims = (obs_dim, act_dim)
 
     def configure_optimizers(self):
-        hp = self.hparams
+        opt = self.optim
         return [
-            torch.optim.Adam(self.actor.parameters(), lr=hp.lr_actor),
-            torch.optim.Adam(self.critic.parameters(), lr=hp.lr_critic),
-            torch.optim.Adam(self.value.parameters(), lr=hp.lr_critic),
-            torch.optim.Adam(self.behavior.parameters(), lr=hp.lr_behavior),
+            torch.optim.Adam(self.actor.parameters(), lr=opt.lr_actor),
+            torch.optim.Adam(self.critic.parameters(), lr=opt.lr_critic),
+            torch.optim.Adam(self.value.parameters(), lr=opt.lr_critic),
+            torch.optim.Adam(self.behavior.parameters(), lr=self.behavior_model.lr),
         ]
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
@@ -184,22 +241,22 @@ class DARE(L.LightningModule):
     # ---- Stage B, steps 4-8: the sample-level mask (no gradient) --------------------------------
     @torch.no_grad()
     def sample_mask(self, batch: dict[str, torch.Tensor], online: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        hp = self.hparams
+        hp, rx = self.hparams, self.relaxation
         if hp.mask_mode == "constrained":
             return torch.ones(len(online), device=online.device), {}
         if hp.mask_mode == "origin":
             return (~online).float(), {}
         obs, act = batch["obs"], batch["act"]
-        ref = self.behavior.sample(obs, hp.align_k)  # step 4
-        log_prob = self.behavior.log_prob(obs, act) if hp.align_mode == "nll" else None
-        d = align(act, ref, hp.align_mode, hp.align_sigma, log_prob)  # step 5
+        ref = self.behavior.sample(obs, rx.align_k)  # step 4
+        log_prob = self.behavior.log_prob(obs, act) if rx.align_mode == "nll" else None
+        d = align(act, ref, rx.align_mode, rx.align_sigma, log_prob)  # step 5
         fits = fit_gaussians(d, online)  # step 6
-        if hp.gauss_ema > 0:
+        if rx.gauss_ema > 0:
             if bool((self.gauss_fits != 0).any()):
-                fits = hp.gauss_ema * self.gauss_fits + (1 - hp.gauss_ema) * fits
+                fits = rx.gauss_ema * self.gauss_fits + (1 - rx.gauss_ema) * fits
             self.gauss_fits.copy_(fits)
         p = posterior_online(d, fits, float(online.float().mean()))  # step 7
-        mask = exchange(d, online, p, fits, hp.exchange_tau, hp.exchange_mode)  # step 8
+        mask = exchange(d, online, p, fits, rx.exchange_tau, rx.exchange_mode)  # step 8
         stats = {
             "mu_off": fits[0],
             "sd_off": fits[1],
@@ -215,17 +272,18 @@ class DARE(L.LightningModule):
 
     # ---- step 9: the DARE actor loss -------------------------------------------------------------
     def actor_loss(self, batch: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        """(1/N) Σ_i [m_i ℓ_con(i) + (1 − m_i) ℓ_rel(i)]; ℓ_con = AWR (IQL),
-        ℓ_rel = α_ent log π(ã|s) − min_k Q_k(s, ã), ã ~ π(·|s) reparameterised (dare.md §3.7)."""
-        hp = self.hparams
-        loss_con = iql.awr_loss_per_sample(self.actor, self.critic_target, self.value, batch, hp.iql_beta)
+        """(1/N) Σ_i [m_i ℓ_con(i) + (1 − m_i) ℓ_rel(i)]; ℓ_con = AWR (IQL, arXiv 2110.06169 Eq. 7),
+        ℓ_rel = α_ent log π(ã|s) − min_k Q_k(s, ã), ã ~ π(·|s) reparameterised (SAC's actor loss, arXiv
+        1801.01290, with α fixed as the reviews of arXiv 2511.03828 describe)."""
+        loss_con = iql.awr_loss_per_sample(self.actor, self.critic_target, self.value, batch, self.iql.beta)
         if bool((mask == 1).all()):
             return loss_con.mean()
-        loss_rel, _ = actor_loss_per_sample(self.actor, self.critic, batch["obs"], hp.ent_coef)
+        loss_rel, _ = actor_loss_per_sample(self.actor, self.critic, batch["obs"], self.relaxation.ent_coef)
         return (mask * loss_con + (1 - mask) * loss_rel).mean()
 
     def start_online_phase(self) -> None:
-        """Stage A ends: the behaviour model is frozen for the whole online phase (dare.md §3.8)."""
+        """Stage A ends: the behaviour model is frozen for the whole online phase (it stands for the offline
+        behaviour by definition)."""
         self.behavior.requires_grad_(False).eval()
         self.online_phase = True
 
@@ -235,38 +293,36 @@ class DARE(L.LightningModule):
         opt.step()
 
     def training_step(self, idx, batch_idx: int) -> None:
-        hp, dm, idx = self.hparams, self.trainer.datamodule, int(idx)
+        hp, dm, idx = self.hparams, self.data, int(idx)
+        n_off, n_on = self.optim.batch_offline, self.optim.batch_online
         online = idx >= dm.n_offline_steps
         if online and not self.online_phase:
             self.start_online_phase()
         if online:  # step 1
             dm.collect(lambda o: self.actor.act(o.to(self.device)))
-        warm = online and len(dm.online) >= hp.batch_online  # step 2
+        warm = online and dm.online_size >= n_on  # step 2
         if warm:  # step 3
-            b_off, b_on = (
-                dm.sample_offline(hp.batch_offline, self.device),
-                dm.sample_online(hp.batch_online, self.device),
-            )
+            b_off, b_on = dm.sample_offline(n_off, self.device), dm.sample_online(n_on, self.device)
             batch = {k: torch.cat([b_off[k], b_on[k]]) for k in b_off}
             origin_online = torch.cat(
                 [
-                    torch.zeros(hp.batch_offline, dtype=torch.bool, device=self.device),
-                    torch.ones(hp.batch_online, dtype=torch.bool, device=self.device),
+                    torch.zeros(n_off, dtype=torch.bool, device=self.device),
+                    torch.ones(n_on, dtype=torch.bool, device=self.device),
                 ]
             )
             mask, stats = self.sample_mask(batch, origin_online)  # steps 4-8
         else:
-            batch = dm.sample_offline(hp.batch_offline + hp.batch_online, self.device)
+            batch = dm.sample_offline(n_off + n_on, self.device)
             mask, stats = torch.ones(len(batch["obs"]), device=self.device), {}
         opt_actor, opt_critic, opt_value, opt_behavior = self.optimizers()
         # step 10, CORL's IQL order: value, actor, critic; each loss after the previous step
-        loss_v = iql.value_loss(self.value, self.critic_target, batch, hp.iql_expectile)
+        loss_v = iql.value_loss(self.value, self.critic_target, batch, self.iql.expectile)
         self._step(opt_value, loss_v)
         loss_pi = self.actor_loss(batch, mask)  # step 9
         self._step(opt_actor, loss_pi)
-        loss_q = iql.critic_loss(self.critic, self.value, batch, hp.gamma)
+        loss_q = iql.critic_loss(self.critic, self.value, batch, self.iql.gamma)
         self._step(opt_critic, loss_q)
-        polyak_update(self.critic, self.critic_target, hp.polyak)
+        polyak_update(self.critic, self.critic_target, self.iql.polyak)
         loss_b = None
         if not online:  # Stage A: behaviour model trained on D_off alongside the offline IQL steps
             loss_b = self.behavior.loss(batch["obs"], batch["act"])
@@ -295,15 +351,6 @@ class DARE(L.LightningModule):
             if loss_b is not None:
                 logs["train/loss_behavior"] = loss_b
             logs.update({f"dare/{k}": v for k, v in stats.items()})
-            if dm.collector.episodes:
-                logs["train/episode_return"] = dm.collector.last_episode_return
+            if dm.episodes:
+                logs["train/episode_return"] = dm.last_episode_return
             self.log_dict(logs)
-
-
-def report(res: dict, out_dir) -> dict:
-    """repro report hook: learning curves (eval score vs env steps) of every run, plus the mechanism numbers."""
-    from litlab.lit_modules.rl.report import plot_learning_curves
-
-    return plot_learning_curves(
-        res, out_dir, "dare", metric="eval/score", extra_numbers=("eval/score_offline_end", "eval/score_auc")
-    )

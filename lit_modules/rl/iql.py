@@ -1,8 +1,10 @@
-"""IQL (Kostrikov et al. 2021, arXiv 2110.06169) losses, per sample where DARE needs them (dare.md §3.7)."""
+"""IQL (Kostrikov et al., "Offline Reinforcement Learning with Implicit Q-Learning", arXiv 2110.06169, Eqs. 5–7)
+losses, per sample where DARE needs them."""
 
 from __future__ import annotations
 
 import torch
+
 from litlab.lit_modules.rl.nets import TanhGaussianActor, TwinCritic, ValueNet
 from litlab.lit_modules.rl.sac import Batch
 

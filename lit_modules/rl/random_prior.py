@@ -1,5 +1,6 @@
-"""NGT's reward nets (ngt.md §3.2–3.5): a frozen random prior f†, a trainable predictor f, the potential
-h(x) = criterion(f(x), f†(x)) (Huber or HL-Gauss), and the reward shapings exp / symexp / linear."""
+"""NGT's reward nets (arXiv 2509.26294 and its released code, ``src/agents/nets.py``): a frozen random prior f†,
+a trainable predictor f, the potential h(x) = criterion(f(x), f†(x)) (Huber, or HL-Gauss: Imani & White 2018;
+Farebrother et al., arXiv 2403.03950), and the reward shapings exp / symexp / linear."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import math
 from collections.abc import Sequence
 
 import torch
-from litlab.lit_modules.rl.nets import leaky_relu_gain, mlp
 from torch import nn
 from torch.nn import functional as F
+
+from litlab.lit_modules.rl.nets import leaky_relu_gain, mlp
 
 
 def hl_gauss_targets(y: torch.Tensor, edges: torch.Tensor, sigma: float) -> torch.Tensor:

@@ -8,8 +8,9 @@ import copy
 from collections.abc import Sequence
 
 import torch
-from litlab.lit_modules.rl.nets import TanhGaussianActor, TwinCritic
 from torch import nn
+
+from litlab.lit_modules.rl.nets import TanhGaussianActor, TwinCritic
 
 Batch = dict[str, torch.Tensor]  # obs, act, rew, next_obs, terminal (float) — all [B, ·]
 

@@ -1,13 +1,14 @@
-"""Score normalisation: D4RL's reference returns for the MuJoCo tasks (from ``d4rl.infos``; dare.md §5.1), NGT's
-random/expert returns (from its official code; ngt.md §4), and measured random/expert returns for toy tasks
-(``ref_scores.json`` beside this file, extended by ``litlab data d4rl`` under the cache)."""
+"""Score normalisation: D4RL's reference returns for the MuJoCo tasks (``d4rl.infos``; D4RL, arXiv 2004.07219),
+NGT's random/expert returns (``src/helpers/baselines.json`` of the released code of arXiv 2509.26294), and
+measured random/expert returns for toy tasks (``ref_scores.json`` beside this file, extended by
+``litlab data d4rl`` under the cache)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from litlab.lit_modules.core.io import cache_dir
+from litlab.lit_modules.rl.contract import cached_refs_path
 
 # family -> (R_min = random, R_max = expert); d4rl.infos REF_MIN_SCORE/REF_MAX_SCORE (v2 = v0 values)
 D4RL_REF_SCORES: dict[str, tuple[float, float]] = {
@@ -28,10 +29,6 @@ NGT_REF_SCORES: dict[str, tuple[float, float]] = {
     "pusher": (-149.88, -26.1),
 }
 SHIPPED_REFS = Path(__file__).with_name("ref_scores.json")
-
-
-def cached_refs_path() -> Path:
-    return cache_dir() / "d4rl" / "ref_scores.json"
 
 
 def _family(env_id: str) -> str:

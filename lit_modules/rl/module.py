@@ -1,0 +1,34 @@
+"""``RLModule``: what the family's LightningModules share — the datamodule read through the ``RLData`` contract
+(checked once in ``setup``) and networks built once for the env's dimensions."""
+
+from __future__ import annotations
+
+import lightning as L
+
+from litlab.lit_modules.rl.contract import RLData, check_rl_data
+
+
+class RLModule(L.LightningModule):
+    """Subclasses implement ``build(obs_dim, act_dim)`` (which sets ``self.dims``) and call it from ``__init__``
+    when both dims are given; otherwise ``setup`` builds for the datamodule's env."""
+
+    needs_offline: bool = True  # the module samples the offline data set
+    dims: tuple[int, int] | None = None  # (obs_dim, act_dim) once the networks are built
+
+    def build(self, obs_dim: int, act_dim: int) -> None:
+        raise NotImplementedError
+
+    @property
+    def data(self) -> RLData:
+        return self.trainer.datamodule
+
+    def setup(self, stage: str) -> None:
+        name = type(self).__name__
+        dm = check_rl_data(self.trainer.datamodule, needs_offline=self.needs_offline, user=name)
+        if self.dims is None:
+            self.build(dm.obs_dim, dm.act_dim)
+        elif self.dims != (dm.obs_dim, dm.act_dim):
+            raise ValueError(
+                f"{name} was built for (obs_dim, act_dim) = {self.dims}; the datamodule's {dm.env_id} has "
+                f"{(dm.obs_dim, dm.act_dim)}"
+            )
