@@ -13,10 +13,12 @@ Logged, with T tasks and A_i the accuracy over all samples of tasks 0..i after t
     cl/forgetting (1/(T-1)) Σ_{j<T} max_{i<T} (R[i, j] − R[T, j])
     cl/fwt        (1/(T-1)) Σ_{j>0} (R[j-1, j] − b_j), b_j the accuracy on task j before any training
                   (the definition of "Gradient Episodic Memory for Continual Learning", Lopez-Paz & Ranzato,
-                  NeurIPS 2017; 0 − b_j in the class-incremental case, where unseen classes cannot be predicted)
+                  NeurIPS 2017; 0 − b_j in the class-incremental case, where unseen classes cannot be
+                  predicted)
 
-The matrix is saved as ``accuracy_matrix.json`` and drawn as ``accuracy_matrix.png`` in the run folder, and the
-image goes to the wandb logger when there is one.
+The matrix is saved as ``accuracy_matrix.json`` and drawn as ``accuracy_matrix.png`` in the run folder, and
+the image goes to the wandb logger when there is one (``litlab.lit_modules.continual.report`` draws it and
+puts the seed means of a card into its report).
 """
 
 from __future__ import annotations

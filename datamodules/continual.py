@@ -8,14 +8,16 @@ extra state here. Test sets stay per task (``task_test_loader(j)``) for the accu
 
 Benchmarks (data that ships with a package, no download):
 * ``digits``  sklearn's 8×8 digits, /16, stratified 70/30 split with ``random_state=0`` → (1, 8, 8) images.
-* ``text``    which of 10 stdlib modules a 64-character docstring snippet comes from (local corpus) → (64,) ids.
+* ``text``    which of 10 stdlib modules a 64-character docstring snippet comes from (local corpus) → (64,)
+  ids.
 * ``mnist1d`` MNIST-1D (Greydanus, "Scaling Down Deep Learning", arXiv 2011.14439) generated locally with
-  ``mnist1d.data.make_dataset(get_dataset_args())`` (4000/1000, 40 features), standardised, cut into 10 tokens
-  of 4 → (10, 4) token sequences. Cached in LITLAB_CACHE.
+  ``mnist1d.data.make_dataset(get_dataset_args())`` (4000/1000, 40 features), standardised, cut into 10
+  tokens of 4 → (10, 4) token sequences. Cached in LITLAB_CACHE.
 
 Scenarios:
 * ``split``    class-incremental: classes (in ``class_order_seed`` order, or sorted) chunked into tasks.
-* ``permuted`` domain-incremental: all classes every task; task t > 0 applies a fixed random feature permutation.
+* ``permuted`` domain-incremental: all classes every task; task t > 0 applies a fixed random feature
+               permutation.
 * ``rotated``  domain-incremental: task t rotates digits by t·``rotation_step`` degrees (MNIST-1D: circular
                shift by t·``shift_step`` positions).
 
@@ -39,8 +41,9 @@ from litlab.lit_modules.core.errors import DatasetUnavailableError
 from litlab.lit_modules.core.io import atomic_path, cache_dir
 
 Benchmark = Literal["digits", "mnist1d", "text", "imagenet_r", "cifar100", "domainnet"]
-# ``text``: which stdlib module a 64-character docstring snippet comes from (the local corpus of litlab.datamodules.text),
-# 10 modules with the most docstring text, for a small pre-trained language model (TinyGPT).
+# ``text``: which stdlib module a 64-character docstring snippet comes from (the local corpus of
+# litlab.lit_modules.core.corpus), 10 modules with the most docstring text, for a small pre-trained language
+# model (TinyGPT).
 TEXT_MODULES = (
     "logging",
     "doctest",
@@ -291,7 +294,7 @@ class ContinualDataModule(L.LightningDataModule):
                 f"{trainer.reload_dataloaders_every_n_epochs})"
             )
         t = self.current_task
-        # the shuffle depends on (run seed, epoch) only, so a run resumed from a checkpoint sees the same batches
+        # the shuffle depends on (run seed, epoch) only: a run resumed from a checkpoint sees the same batches
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) + 1000 * (trainer.current_epoch if trainer else 0)
         gen = torch.Generator().manual_seed(seed)
         data = self._task_train(t)
@@ -332,7 +335,8 @@ def _folder_classes(data_root: str) -> list[str]:
 
 
 class _ImageFiles(Dataset):
-    """(path, label) pairs read lazily with PIL, resized to a square, scaled to [-1, 1] (ViT in21k's mean/std 0.5)."""
+    """(path, label) pairs read lazily with PIL, resized to a square, scaled to [-1, 1] (ViT in21k's mean/std
+    0.5)."""
 
     def __init__(self, items: list[tuple[str, int]], size: int):
         self.items, self.size = items, size

@@ -1,6 +1,6 @@
-"""The continual family's written contracts (lit_modules/continual/contract.py): what the harness needs from its
-DataModule and from a task-end callback, checked once at setup; the Trainer alone runs the DataModule's hooks;
-the family's report and the step-time benchmark."""
+"""The continual family's written contracts (lit_modules/continual/contract.py): what the harness needs from
+its DataModule and from a task-end callback, checked once at setup; the Trainer alone runs the DataModule's
+hooks; the family's report and the step-time benchmark."""
 
 import json
 

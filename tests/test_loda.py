@@ -69,7 +69,8 @@ def test_merge_preserves_function_up_to_recalibration():
 
 
 def test_down_projections_frozen_and_old_heads_unchanged():
-    """For t >= 1 A_S, A_P are bit-identical before/after training; only B_S, B_P and the current head train."""
+    """For t >= 1 A_S, A_P are bit-identical before/after training; only B_S, B_P and the current head
+    train."""
     dm, module = _dm(), LoDA(**FAST)
     opt = _start(module, dm)
     _train_task(module, dm, 0, opt)

@@ -99,7 +99,8 @@ def test_naive_a_projection_violates():
 
 
 def test_gr_tangent_identity_with_relative_rank_tolerance():
-    """With A0 V = 0, the tangent mode realises P_B Z + (I − P_B) Z P_A (a max(S)-relative tolerance fails this)."""
+    """With A0 V = 0, the tangent mode realises P_B Z + (I − P_B) Z P_A (a max(S)-relative tolerance fails
+    this)."""
     A0, B0, A1, B1, V = _gr_tensors(4, protected_A=True)
     A, B = rectify_update(A0, B0, A1, B1, V, mode="tangent", delta=1e-10)
     A0d, B0d, V64 = A0.double(), B0.double(), V.double()

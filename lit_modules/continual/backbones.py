@@ -1,5 +1,6 @@
 """Backbones for the continual-learning protocol: a TinyViT pre-trained locally without labels (quick), a
-Hugging Face ViT or the locally pre-trained TinyGPT behind the same ``forward_features`` (full scale, text)."""
+Hugging Face ViT or the locally pre-trained TinyGPT behind the same ``forward_features`` (full scale,
+text)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ def pretrained_backbone(
     seed: int = 0,
 ) -> TinyViT:
     """TinyViT trained on a 4-way pretext task over the *unlabelled* training inputs (no class information
-    leaks), pretext head discarded; cached in LITLAB_CACHE keyed by data and arguments. For images the pretext is
-    rotation prediction ("Unsupervised Representation Learning by Predicting Image Rotations", Gidaris, Singh &
-    Komodakis, ICLR 2018)."""
+    leaks), pretext head discarded; cached in LITLAB_CACHE keyed by data and arguments. For images the pretext
+    is rotation prediction ("Unsupervised Representation Learning by Predicting Image Rotations", Gidaris,
+    Singh & Komodakis, ICLR 2018)."""
     shape = tuple(inputs.shape[1:])
     args = dict(
         recipe="all-four-pretext-views",
@@ -87,8 +88,9 @@ def pretrained_backbone(
 
 
 class HFViTFeatures(nn.Module):
-    """A Hugging Face ``ViTModel`` (full scale) behind TinyViT's ``forward_features``: the final [CLS] after the
-    last LayerNorm. Adapter targets are its module names (transformers 5: ``q_proj``, ``k_proj``, ``v_proj``, ``fc1``)."""
+    """A Hugging Face ``ViTModel`` (full scale) behind TinyViT's ``forward_features``: the final [CLS] after
+    the last LayerNorm. Adapter targets are its module names (transformers 5: ``q_proj``, ``k_proj``,
+    ``v_proj``, ``fc1``)."""
 
     def __init__(self, model_id: str):
         super().__init__()
@@ -125,7 +127,8 @@ class TinyGPTFeatures(nn.Module):
 
 
 def check_backbone_available(backbone: str) -> None:
-    """Full scale: fail at once (ModelUnavailableError with what to download) if the HF backbone is not here."""
+    """Full scale: fail at once (ModelUnavailableError with what to download) if the HF backbone is not
+    here."""
     if backbone == "tinyvit":
         return
     import transformers

@@ -6,8 +6,8 @@
 * ``InfLoRA``  after "InfLoRA: Interference-Free Low-Rank Adaptation for Continual Learning" (Liang & Li,
                CVPR 2024): per task, A = top eigenvectors of P M_cur P (P the complement of the GPM basis),
                frozen; B trained from 0; folded into W₀ at the task end.
-* ``OLoRA``    after O-LoRA, "Orthogonal Subspace Learning for Language Model Continual Learning" (Wang et al.,
-               EMNLP Findings 2023): a fresh LoRA per task with the penalty Σ|A_old A_tᵀ|, folded in.
+* ``OLoRA``    after O-LoRA, "Orthogonal Subspace Learning for Language Model Continual Learning" (Wang et
+               al., EMNLP Findings 2023): a fresh LoRA per task with the penalty Σ|A_old A_tᵀ|, folded in.
 
 These are "-style" re-implementations on the project's protocol (one cosine head, NCM evaluation on the CPU
 toy), not the authors' code.
@@ -35,8 +35,8 @@ def _delta64(layer: AdapterLinear) -> Tensor:
 class LoRAGPM(SequentialLoRA):
     """Online input bases V_l (GPM energy rule) and the naive rule G_A ← G_A (I − V Vᵀ), B free.
 
-    Also the bookkeeping Janus-LoRA builds on: the basis memory per layer, its online (or post-hoc) estimation,
-    and the null-space violation ν_l = ‖ΔW_task V_l‖ / ‖ΔW_task‖ logged at every task end."""
+    Also the bookkeeping Janus-LoRA builds on: the basis memory per layer, its online (or post-hoc)
+    estimation, and the null-space violation ν_l = ‖ΔW_task V_l‖ / ‖ΔW_task‖ logged at every task end."""
 
     def __init__(
         self,
@@ -103,9 +103,9 @@ class LoRAGPM(SequentialLoRA):
 
 
 class InfLoRA(SequentialLoRA):
-    """InfLoRA-style (Liang & Li, CVPR 2024): per task, A = top-r eigenvectors of P M_cur P (P the complement of the GPM
-    basis of old inputs), frozen; B trained from 0; folded into W₀ at the task end; basis grown on the merged
-    model's inputs of the task (energy threshold ``gpm_eps``)."""
+    """InfLoRA-style (Liang & Li, CVPR 2024): per task, A = top-r eigenvectors of P M_cur P (P the complement
+    of the GPM basis of old inputs), frozen; B trained from 0; folded into W₀ at the task end; basis grown on
+    the merged model's inputs of the task (energy threshold ``gpm_eps``)."""
 
     def __init__(self, gpm_eps: float = 0.99, **kwargs):
         super().__init__(**kwargs)
@@ -149,8 +149,9 @@ class InfLoRA(SequentialLoRA):
 
 
 class OLoRA(SequentialLoRA):
-    """O-LoRA-style (Wang et al., EMNLP Findings 2023): a fresh LoRA per task, L = CE + λ Σ_l Σ_old |A_old A_tᵀ| (orthogonal to the old tasks'
-    down-projections), the finished task folded into W₀ and its A kept for the penalty."""
+    """O-LoRA-style (Wang et al., EMNLP Findings 2023): a fresh LoRA per task, L = CE + λ Σ_l Σ_old
+    |A_old A_tᵀ| (orthogonal to the old tasks' down-projections), the finished task folded into W₀ and its A
+    kept for the penalty."""
 
     def __init__(self, orth_lambda: float = 0.5, **kwargs):
         super().__init__(**kwargs)

@@ -1,21 +1,23 @@
 """What the continual-learning family needs from the parts it is plugged into, written down and checked once.
 
 ``SequentialLoRA`` (``harness.py``) and every method built on it walk a task sequence inside one ``fit``: they
-read the DataModule through ``self.trainer.datamodule`` (the Trainer has run its ``setup`` already) and call the
-callbacks that want to hear about a finished task. Any DataModule and callback that provide the members below
-work; ``litlab.datamodules.continual.ContinualDataModule`` and ``litlab.callbacks.continual.AccuracyMatrixCallback``
-are the ones the project ships.
+read the DataModule through ``self.trainer.datamodule`` (the Trainer has run its ``setup`` already) and call
+the callbacks that want to hear about a finished task. Any DataModule and callback that provide the members
+below work; ``litlab.datamodules.continual.ContinualDataModule`` and
+``litlab.callbacks.continual.AccuracyMatrixCallback`` are the ones the project ships.
 
 * ``TaskTestSets``     what an evaluation needs: the number of tasks and each task's test loader
                        (``AccuracyMatrixCallback`` needs only this).
-* ``ContinualData``    what the harness needs: ``TaskTestSets`` plus the task layout over epochs, the class set of
-                       each task, each task's training data in order, and what the backbone is built from.
-* ``TaskEndCallback``  a callback the harness calls as ``on_task_end(trainer, module, t)`` after its own work at
-                       the end of task ``t`` and before that epoch's checkpoint.
+* ``ContinualData``    what the harness needs: ``TaskTestSets`` plus the task layout over epochs, the class
+                       set of each task, each task's training data in order, and what the backbone is built
+                       from.
+* ``TaskEndCallback``  a callback the harness calls as ``on_task_end(trainer, module, t)`` after its own work
+                       at the end of task ``t`` and before that epoch's checkpoint.
 
-``check_data(dm, protocol, user)`` (``litlab.lit_modules.core.contracts.check_protocol``) raises ``ContractError``
-naming the class and the first missing member; the harness calls it once, when it builds the model (``setup``),
-and ``task_end_callbacks`` once per fit; ``AccuracyMatrixCallback`` checks ``TaskTestSets`` in its ``setup``.
+``check_data(dm, protocol, user)`` (``litlab.lit_modules.core.contracts.check_protocol``) raises
+``ContractError`` naming the class and the first missing member; the harness calls it once, when it builds
+the model (``setup``), and ``task_end_callbacks`` once per fit; ``AccuracyMatrixCallback`` checks
+``TaskTestSets`` in its ``setup``.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ class TaskTestSets(Protocol):
 class ContinualData(TaskTestSets, Protocol):
     """A task sequence served over one fit: task t owns epochs [t·E, (t+1)·E), E = ``epochs_per_task``.
 
-    ``input_kind`` and ``pretext_inputs`` (the unlabelled training inputs a local backbone is pre-trained on, or
-    None when the backbone comes from elsewhere) may be set in ``setup``: the harness reads them after it."""
+    ``input_kind`` and ``pretext_inputs`` (the unlabelled training inputs a local backbone is pre-trained on,
+    or None when the backbone comes from elsewhere) may be set in ``setup``: the harness reads them after
+    it."""
 
     epochs_per_task: int
     num_classes: int  # classes over all tasks: rows of the classifier
@@ -81,8 +84,9 @@ class TaskEndCallback(Protocol):
 
 
 def check_data(dm: object, protocol: type, user: str) -> None:
-    """``ContractError`` naming ``dm``'s class and the first member of ``protocol`` it lacks. Members set in the
-    DataModule's ``setup`` are missing when it has not run: the Trainer runs it before the module's ``setup``."""
+    """``ContractError`` naming ``dm``'s class and the first member of ``protocol`` it lacks. Members set in
+    the DataModule's ``setup`` are missing when it has not run: the Trainer runs it before the module's
+    ``setup``."""
     try:
         check_protocol(dm, protocol, user)
     except ContractError as err:
@@ -102,8 +106,8 @@ def task_end_callbacks(callbacks: Iterable[Any]) -> list[TaskEndCallback]:
             inspect.signature(hook).bind(None, None, 0)
         except TypeError as err:
             raise ContractError(
-                f"{type(cb).__name__}.on_task_end must accept (trainer, pl_module, t) ({TaskEndCallback.__name__})"
-                f": {err}"
+                f"{type(cb).__name__}.on_task_end must accept (trainer, pl_module, t) "
+                f"({TaskEndCallback.__name__}): {err}"
             ) from err
         except ValueError:  # no signature to read (a builtin): trust it
             pass

@@ -11,12 +11,12 @@ evaluation) is the project's, not a paper's: with the masked cosine head alone, 
 every method fell to near-chance class-incremental accuracy. Full-scale runs use each paper's own head.
 
 One ``fit`` walks the tasks of a DataModule that follows ``contract.ContinualData`` (task t owns epochs
-[t·E, (t+1)·E)), read through ``self.trainer.datamodule`` after the Trainer ran its ``setup``. The module calls
-``on_task_start(t, dm)`` at the first epoch of a task and ``on_task_end(t, dm)`` at its last, then every
-``contract.TaskEndCallback``'s ``on_task_end(trainer, module, t)`` (the accuracy matrix), all before that epoch's
-checkpoint, so ``--ckpt_path last`` resumes cleanly. Optimisation is manual: ``cl_step`` = loss → backward →
-``transform_grads`` (GPM-style hooks) → step → ``update_transform`` (Janus-LoRA's rectification) on a snapshot
-of the factors.
+[t·E, (t+1)·E)), read through ``self.trainer.datamodule`` after the Trainer ran its ``setup``. The module
+calls ``on_task_start(t, dm)`` at the first epoch of a task and ``on_task_end(t, dm)`` at its last, then every
+``contract.TaskEndCallback``'s ``on_task_end(trainer, module, t)`` (the accuracy matrix), all before that
+epoch's checkpoint, so ``--ckpt_path last`` resumes cleanly. Optimisation is manual: ``cl_step`` = loss →
+backward → ``transform_grads`` (GPM-style hooks) → step → ``update_transform`` (Janus-LoRA's rectification) on
+a snapshot of the factors.
 
 The baselines built on it (LoRA-GPM, InfLoRA, O-LoRA) are in ``baselines.py``. Joint training is
 ``SequentialLoRA`` with ``data.init_args.cumulative: true``.

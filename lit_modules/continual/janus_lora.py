@@ -18,14 +18,14 @@ the DML form, weight and margin. The CPU toy evaluates with NCM prototypes; the 
 with masked CE.
 
 Algorithm, for t = 1..T:
-    add classifier rows for C_t; every adapted layer: reset C_l, stats on           # OE is online
+    add classifier rows for C_t; every adapted layer: reset C_l, stats on       # OE is online
     for each batch (x, y) of task t:
         z = normalize(f(x))
-        L = CE(s · cos(z, w)[C_t], y) + λ_dml · DML(z, y, prototypes)               # DML only if t > 1
+        L = CE(s · cos(z, w)[C_t], y) + λ_dml · DML(z, y, prototypes)           # DML only if t > 1
         backward; snapshot (A0, B0); optimizer.step()
-        if t > 1: (A, B) ← GR(A0, B0, A, B, V)                                      # exact for any optimiser
-    stats off; V_l ← OE_expand(V_l, C_l, eps)                                        # GPM energy rule
-    μ_c ← normalize(mean z) for c ∈ C_t                                              # prototype bank (NCM eval)
+        if t > 1: (A, B) ← GR(A0, B0, A, B, V)                                  # exact for any optimiser
+    stats off; V_l ← OE_expand(V_l, C_l, eps)                                    # GPM energy rule
+    μ_c ← normalize(mean z) for c ∈ C_t                                          # prototype bank (NCM eval)
 
 Ablations are switches: ``gr_enabled``, ``dml_enabled``, ``oe_source`` ("online" | "post"), and
 ``gr_enabled=false, project_A=true`` is LoRA-GPM (``litlab.lit_modules.continual.baselines.LoRAGPM``).
@@ -129,7 +129,8 @@ def decoupled_margin_loss(
 ) -> Tensor:
     """DML (reconstructed form): L = mean_i relu(max_{c old} cos(z_i, μ_c) − cos(z_i, ŵ_{y_i}) + m).
 
-    Only old prototypes act as negatives and they are detached; the anchor is the true class's classifier row."""
+    Only old prototypes act as negatives and they are detached; the anchor is the true class's classifier
+    row."""
     if old_prototypes.shape[0] == 0:
         return z.new_zeros(())
     nearest_old = (z @ old_prototypes.detach().T).max(-1).values
@@ -206,6 +207,6 @@ class JanusLoRA(LoRAGPM):
 
 # ---- repro report --------------------------------------------------------------------------------------
 def report(result: CardResult, out_dir) -> ReportExtras:
-    """``report_hook`` of seeds/janus_lora.yaml: the mean accuracy matrix of every run and a table of ACC / BWT /
-    forgetting / MAA. Step times against plain LoRA: ``litlab bench continual_steps``."""
+    """``report_hook`` of seeds/janus_lora.yaml: the mean accuracy matrix of every run and a table of ACC /
+    BWT / forgetting / MAA. Step times against plain LoRA: ``litlab bench continual_steps``."""
     return accuracy_matrix_report(result, out_dir, slug="janus_lora")

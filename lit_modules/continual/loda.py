@@ -4,10 +4,10 @@ read; this follows its official code (github.com/HHHLF/LoDA_ICML2026), and where
 wins.
 
 For every task, two fresh branches per adapted layer with *fixed* down-projections:
-general  S_t: A_S = top-r eigenvectors of M_prev + M_cur           (energy of old and new inputs, objective 1)
-isolated P_t: A_P = top-r generalized eigenvectors of (M_cur, M_prev) (new energy per unit of old, objective 2)
-Only the up-projections train (plus A_S on the first task), with Gradient-Aligned Optimisation; at the task end
-the general update is shrunk per direction by a closed-form coefficient and both branches are merged.
+general  S_t: A_S = top-r eigenvectors of M_prev + M_cur             (energy of old and new inputs, obj. 1)
+isolated P_t: A_P = top-r generalized eigenvectors of (M_cur, M_prev)   (new energy per unit of old, obj. 2)
+Only the up-projections train (plus A_S on the first task), with Gradient-Aligned Optimisation; at the task
+end the general update is shrunk per direction by a closed-form coefficient and both branches are merged.
 
 Our additions: ``ridge`` on M_prev in objective 2 (0 reproduces the code); the CPU toy's NCM-prototype
 evaluation; one cosine head with the logits of other tasks masked instead of one head per task (the same
@@ -18,8 +18,8 @@ Algorithm (the official code's order), t = 0..T-1:
     (2) A_S = U_r(M_prev + M_cur)ᵀ/√3, B_S = 0;  A_P = t ? isolated(M_cur, M_prev)ᵀ/√3 : 0, B_P = 0
     (3) train B_S, B_P (and A_S at t = 0) with CosFace on the task's head, one GAO update per group
     (4) M_cur ← E[x xᵀ] with the trained, unmerged model
-    (5) W ← W + g_S B_S diag(c) A_S + g_P B_P A_P,  c_i = 1 − η_i                   (c = 1 at t = 0)
-    (6) M_prev ← M_prev + M_cur(4)                                                  (``prev_stat_double_count``)
+    (5) W ← W + g_S B_S diag(c) A_S + g_P B_P A_P,  c_i = 1 − η_i             (c = 1 at t = 0)
+    (6) M_prev ← M_prev + M_cur(4)                                            (``prev_stat_double_count``)
     (7) M_prev ← M_prev + E[x xᵀ] with the merged model
 """
 
@@ -44,8 +44,8 @@ def general_basis(M_cur: Tensor, M_prev: Tensor, r: int) -> Tensor:
 
 
 def ridged(M_prev: Tensor, ridge: float) -> Tensor:
-    """M_prev + ridge · trace(M_prev)/d · I. Our addition (ridge=0 is the official code): without it, on the CPU
-    toy objective 2 was maximised by near-null directions of M_prev (e.g. the constant direction LayerNorm
+    """M_prev + ridge · trace(M_prev)/d · I. Our addition (ridge=0 is the official code): without it, on the
+    CPU toy objective 2 was maximised by near-null directions of M_prev (e.g. the constant direction LayerNorm
     removes), whose current-task energy was about 0, and the isolated branch stayed inactive."""
     M = M_prev.double()
     d = M.shape[0]
@@ -75,9 +75,10 @@ def isolated_basis(
 
 
 def recalibration_coeff(A: Tensor, M_prev: Tensor, M_cur: Tensor, gamma_m: float) -> Tensor:
-    """c_i = 1 − η_i, η_i = a_iᵀM_prev a_i / (a_iᵀM_prev a_i + γ_m a_iᵀM_cur a_i + 1e-12), for the rows a_i of A:
-    the minimiser of c² a_iᵀM_prev a_i + γ_m (c − 1)² a_iᵀM_cur a_i, i.e. of E_old‖c Δ_i x‖² + γ_m E_cur‖(c − 1)
-    Δ_i x‖² for the rank-1 piece Δ_i = g_S b_i a_iᵀ: the feature-level joint optimum along a shared direction."""
+    """c_i = 1 − η_i, η_i = a_iᵀM_prev a_i / (a_iᵀM_prev a_i + γ_m a_iᵀM_cur a_i + 1e-12), for the rows a_i
+    of A: the minimiser of c² a_iᵀM_prev a_i + γ_m (c − 1)² a_iᵀM_cur a_i, i.e. of
+    E_old‖c Δ_i x‖² + γ_m E_cur‖(c − 1) Δ_i x‖² for the rank-1 piece Δ_i = g_S b_i a_iᵀ: the feature-level
+    joint optimum along a shared direction."""
     A = A.double()
     old = torch.einsum("ij,jk,ik->i", A, M_prev.double(), A)
     new = torch.einsum("ij,jk,ik->i", A, M_cur.double(), A)
@@ -85,7 +86,8 @@ def recalibration_coeff(A: Tensor, M_prev: Tensor, M_cur: Tensor, gamma_m: float
 
 
 class LoDA(SequentialLoRA):
-    """General + isolated branches with fixed down-projections, GAO, recalibrated merge (ablations by switch)."""
+    """General + isolated branches with fixed down-projections, GAO, recalibrated merge (ablations by
+    switch)."""
 
     def __init__(
         self,
@@ -109,7 +111,8 @@ class LoDA(SequentialLoRA):
             raise ValueError("LoDA needs at least one of use_general / use_isolated")
         if gao_rho_max < 0 or ridge < 0 or merge_gamma <= 0:
             raise ValueError(
-                f"need gao_rho_max >= 0, ridge >= 0, merge_gamma > 0; got {gao_rho_max}, {ridge}, {merge_gamma}"
+                "need gao_rho_max >= 0, ridge >= 0, merge_gamma > 0; "
+                f"got {gao_rho_max}, {ridge}, {merge_gamma}"
             )
         half = 0.5 if avg_halving and use_general and use_isolated else 1.0  # the config's `avg: true`
         self.g_S, self.g_P = gamma_general * half, gamma_isolated * half
@@ -191,7 +194,8 @@ class LoDA(SequentialLoRA):
         return {"loss": loss.detach(), **logs, "gao_rho": torch.tensor(rho)}
 
     def gao_half_step(self, src, tgt, rho: float, opt, backward) -> tuple[Tensor, dict[str, Tensor]]:
-        """θ += e = ρ·g_src/‖g_src‖ (per tensor); one optimizer step on L_tgt(θ + e); θ −= e (the step is kept)."""
+        """θ += e = ρ·g_src/‖g_src‖ (per tensor); one optimizer step on L_tgt(θ + e); θ −= e (the step is
+        kept)."""
         params = self._shifted_params()
         grads = torch.autograd.grad(self.loss(*src)[0], params, allow_unused=True)
         shifts = [

@@ -1,9 +1,10 @@
 """The continual family's one report place: heatmaps of accuracy matrices, for a run and for a card.
 
-``AccuracyMatrixCallback`` (``litlab.callbacks.continual``) writes ``accuracy_matrix.json`` (``R``, ``init_acc``,
-``sizes``, ``metrics``) into every run folder and draws it with ``draw_accuracy_matrix``; a card's report hook
-(``janus_lora.report``, ``loda.report``) calls ``accuracy_matrix_report`` to put the seed-mean matrix of every run
-into one figure and a table. Step times are a benchmark, not a report: ``litlab bench continual_steps``.
+``AccuracyMatrixCallback`` (``litlab.callbacks.continual``) writes ``accuracy_matrix.json`` (``R``,
+``init_acc``, ``sizes``, ``metrics``) into every run folder and draws it with ``draw_accuracy_matrix``; a
+card's report hook (``janus_lora.report``, ``loda.report``) calls ``accuracy_matrix_report`` to put the
+seed-mean matrix of every run into one figure and a table. Step times are a benchmark, not a report:
+``litlab bench continual_steps``.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def draw_accuracy_matrix(R: torch.Tensor, path: Path, title: str = "", ax=None) 
 
 def accuracy_matrix_report(result: CardResult, out_dir: Path | str, slug: str) -> ReportExtras:
     """A card's report: the seed-mean accuracy matrix of every distinct run (one heatmap each, in one figure)
-    and a table of seed-mean ACC / BWT / forgetting / MAA. Runs without ``accuracy_matrix.json`` are left out."""
+    and a table of seed-mean ACC / BWT / forgetting / MAA. Runs without ``accuracy_matrix.json`` are left
+    out."""
     import matplotlib
 
     matplotlib.use("Agg")

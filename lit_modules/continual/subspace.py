@@ -2,8 +2,8 @@
 and LoDA all keep a basis of the input directions old tasks used, in the manner of GPM ("Gradient Projection
 Memory for Continual Learning", Saha, Garg & Roy, ICLR 2021).
 
-* ``SubspaceMemory``   an orthonormal basis V (d_in × k) of protected input directions, grown by GPM's energy rule
-                       (``expand``), with ``project_out`` and ``captured_energy``.
+* ``SubspaceMemory``   an orthonormal basis V (d_in × k) of protected input directions, grown by GPM's energy
+                       rule (``expand``), with ``project_out`` and ``captured_energy``.
 * ``top_eigvecs``      descending eigenvectors of a symmetric matrix.
 * ``violation_ratio``  ‖ΔW V‖ / ‖ΔW‖, the witness logged by every protected method.
 
