@@ -1,6 +1,8 @@
 """LoRDO as a Lightning strategy: DDP, low-rank DDP (GaLore), DiLoCo and LoRDO behind one byte ledger.
 
-Spec: shared/methods/lordo.md §3.4 (sync), §3.5 (start-up), §3.7 (bytes), §5 (platform mapping).
+LoRDO: "LoRDO: Distributed Low-Rank Optimization with Infrequent Communication" (Jovanović et al., arXiv
+2602.04396; only its abstract and introduction could be read); DiLoCo: Douillard et al., arXiv 2311.08105;
+GaLore: Zhao et al., arXiv 2403.03507.
 
     mode          per step                                  every K steps (sync_every)
     ddp           all-reduce mean of the gradient (b·P)     —
@@ -12,12 +14,16 @@ Spec: shared/methods/lordo.md §3.4 (sync), §3.5 (start-up), §3.7 (bytes), §5
 
 The model is never wrapped in ``DistributedDataParallel``: every collective is issued here, through
 ``_all_reduce_mean``, so the ledger counts all training traffic (metric logging is not counted). Ranks start
-from rank 0's parameters (``_sync_module_states``). Between syncs the ranks hold different θᵐ, so validate
-and checkpoint at multiples of K. The strategy's own state (anchor θ̄, step counters, ledger, outer momentum)
-travels in the LightningModule's checkpoint via ``lowcomm_state_dict`` / ``load_lowcomm_state_dict``.
-Reconstructed (lordo.md §8): the outer rule (plain averaging by default), which states are synced, the
-QH normaliser; ``warmup_ddp_steps`` runs DDP with the same local optimizer (not a separate AdamW).
+from rank 0's parameters and buffers (broadcast in ``configure_ddp``). Between syncs the ranks hold different
+θᵐ, so validate and checkpoint at multiples of K. The strategy's own state (anchor θ̄, step counters, ledger,
+outer momentum) travels in the checkpoint under ``"lowcomm"`` (``save_checkpoint`` / ``load_checkpoint``).
+What it needs from the optimizer in mode ``"lordo"`` is ``litlab.lit_modules.lowcomm.contract
+.LowRankSyncOptimizer``, checked once in ``setup``.
+Reconstructed (the paper's exact rules could not be read): the outer rule (chosen: plain averaging by default),
+which states are synced (chosen: all Adam moments and the error feedback), the QH normaliser (chosen: the mean
+low-rank Adam denominator); ``warmup_ddp_steps`` runs DDP with the same local optimizer (not a separate AdamW).
 Works unchanged on CPU/gloo, GPU/NCCL, one or many nodes (Lightning's cluster environments set the ranks).
+The few Lightning internals it relies on, where no public hook exists, sit together at the end of this file.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from lightning.pytorch.loops.loop import _Loop
-from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.nn.utils import parameters_to_vector
+
+from litlab.lit_modules.lowcomm.contract import LowRankSyncOptimizer, check_sync_optimizer
 
 Mode = Literal["ddp", "lowrank_ddp", "diloco", "lordo"]
 LOCAL_MODES = ("diloco", "lordo")
@@ -109,26 +117,30 @@ class LoRDOStrategy(DDPStrategy):
         self._outer_buf: Tensor | None = None  # Nesterov momentum
         self._pending_state: dict[str, Any] | None = None
 
-    # ---- set-up: no DDP wrapper (§5) ---------------------------------------------------------------
-    def _configure_launcher(self) -> None:
-        """Under srun/torchrun the ranks exist already: launch nothing, whatever ``start_method`` says (Lightning's
-        spawn launcher would start a second set of processes inside every Slurm task)."""
-        if self.cluster_environment is not None and self.cluster_environment.creates_processes_externally:
-            self._launcher = _SubprocessScriptLauncher(
-                self.cluster_environment, self.num_processes, self.num_nodes
-            )
-        elif self._start_method != "popen":
-            self._launcher = _SpawnLauncher(self, start_method=self._start_method)
-        else:
-            super()._configure_launcher()
+    # ---- set-up: no DDP wrapper ------------------------------------------------------------------
+    def _configure_launcher(self) -> None:  # Lightning's private hook: see _choose_launcher
+        _choose_launcher(self, super()._configure_launcher)
 
     def configure_ddp(self) -> None:
         assert self.lightning_module is not None
-        _sync_module_states(self.model)  # θ broadcast from rank 0 (§3.5)
+        self._broadcast_module_states()  # θ from rank 0
         self._anchor = parameters_to_vector(self._params()).detach().float().clone()
         if self._pending_state is not None:
-            self._apply_state(self._pending_state)
+            self.apply_lowcomm_state(self._pending_state)
             self._pending_state = None
+
+    def setup(self, trainer) -> None:
+        super().setup(trainer)  # ... configure_ddp, then the optimizers
+        if trainer.state.fn == TrainerFn.FITTING and self.mode == "lordo":
+            for optimizer in self.optimizers:
+                check_sync_optimizer(optimizer, f"LoRDOStrategy(mode={self.mode!r})")
+
+    @torch.no_grad()
+    def _broadcast_module_states(self) -> None:
+        """Every parameter and buffer from rank 0 (start-up, not counted in the ledger)."""
+        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+            for t in [*self.model.parameters(), *self.model.buffers()]:
+                dist.broadcast(t.detach(), src=0)
 
     def _params(self) -> list[Tensor]:
         return [p for p in self.lightning_module.parameters() if p.requires_grad]
@@ -173,7 +185,7 @@ class LoRDOStrategy(DDPStrategy):
                 params = self._params()
                 for p, g in zip(params, self._all_reduce_grads(params, "gradient")):
                     p.grad = g
-            elif self.mode == "lordo" and not _projectors_ready(optimizer):
+            elif self.mode == "lordo" and not optimizer.projectors_ready():
                 self._init_projectors(optimizer)
             return loss  # precision plugin then clips the (averaged) gradient
 
@@ -187,15 +199,15 @@ class LoRDOStrategy(DDPStrategy):
                 self.outer_sync(optimizer)
         return output
 
-    def _init_projectors(self, optimizer) -> None:
-        """§3.5: the first Q from the all-reduced gradient of the first batch (b·P_lr once). The local-projector
-        ablation leaves it to the optimizer (each worker's own gradient, no traffic)."""
+    def _init_projectors(self, optimizer: LowRankSyncOptimizer) -> None:
+        """Start-up: the first Q from the all-reduced gradient of the first batch (b·P_lr once). The
+        local-projector ablation leaves it to the optimizer (each worker's own gradient, no traffic)."""
         if self.projector_source == "local_pseudo_grad":
             return
         low = optimizer.low_rank_params()
         optimizer.init_projectors(dict(zip(low, self._all_reduce_grads(low, "projector_init"))))
 
-    # ---- the sync (§3.4) ---------------------------------------------------------------------------
+    # ---- the sync, every K inner steps --------------------------------------------------------------
     @torch.no_grad()
     def outer_sync(self, optimizer) -> None:
         params = self._params()
@@ -213,20 +225,21 @@ class LoRDOStrategy(DDPStrategy):
             self._outer_buf = buf
             self._anchor = self._anchor - self.outer_lr * (delta + self.outer_momentum * buf)
         _copy_into(self._anchor, params)  # θᵐ ← θ; θ̄ ← θ
-        if self.mode == "lordo":
-            if self.sync_states and hasattr(optimizer, "state_tensors_for_sync"):  # 3. state averaging
+        if self.mode == "lordo":  # optimizer: a LowRankSyncOptimizer (checked in setup)
+            if self.sync_states:  # 3. state averaging
                 states = optimizer.state_tensors_for_sync(self.sync_error_feedback)
                 flat = self._all_reduce_mean(
                     torch.cat([s.reshape(-1).float() for s in states]), "optimizer_state"
                 )
                 _copy_into(flat, states)
-            if hasattr(optimizer, "refresh_projectors"):  # 4.–5. projector refresh
-                self._refresh_projectors(
-                    optimizer, params, local_delta if self.projector_source == "local_pseudo_grad" else delta
-                )
+            self._refresh_projectors(  # 4.–5. projector refresh
+                optimizer, params, local_delta if self.projector_source == "local_pseudo_grad" else delta
+            )
         self.num_syncs += 1
 
-    def _refresh_projectors(self, optimizer, params: list[Tensor], source: Tensor) -> None:
+    def _refresh_projectors(
+        self, optimizer: LowRankSyncOptimizer, params: list[Tensor], source: Tensor
+    ) -> None:
         offsets, offset = {}, 0
         for p in params:
             offsets[id(p)] = offset
@@ -235,13 +248,13 @@ class LoRDOStrategy(DDPStrategy):
         deltas = {p: source[offsets[id(p)] : offsets[id(p)] + p.numel()].view_as(p) for p in low}
         sims = optimizer.refresh_projectors(deltas, rotate=self.rotate_moments)
         if self.broadcast_projector:  # heterogeneous ranks: rank 0's Q
-            Qs = [optimizer.state[p]["projector"] for p in low]
+            Qs = optimizer.projectors()
             flat = self._broadcast_tensor(torch.cat([Q.reshape(-1) for Q in Qs]), "projector_broadcast")
             _copy_into(flat, Qs)
         if sims:
             self.similarities.append(sum(sims) / len(sims))
 
-    # ---- what the LightningModule logs and checkpoints ---------------------------------------------
+    # ---- what the LightningModule logs, and the strategy's own checkpoint state ---------------------
     def comm_metrics(self) -> dict[str, float]:
         total = self.ledger.total
         ring = 2 * (self.world_size - 1) / self.world_size if self.world_size > 1 else 1.0
@@ -268,7 +281,7 @@ class LoRDOStrategy(DDPStrategy):
         }
 
     def load_lowcomm_state_dict(self, state: dict[str, Any]) -> None:
-        """Called from ``on_load_checkpoint`` (before ``configure_ddp`` for DDP-family strategies)."""
+        """Restore ``lowcomm_state_dict``; before ``configure_ddp`` (a resumed fit) it waits for the anchor."""
         if state.get("mode") != self.mode:
             raise ValueError(
                 f"checkpoint was written by mode={state.get('mode')!r}, this run is mode={self.mode!r}"
@@ -276,9 +289,22 @@ class LoRDOStrategy(DDPStrategy):
         if self._anchor is None:
             self._pending_state = state
         else:
-            self._apply_state(state)
+            self.apply_lowcomm_state(state)
 
-    def _apply_state(self, state: dict[str, Any]) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None
+    ) -> None:
+        checkpoint["lowcomm"] = self.lowcomm_state_dict()  # a resumed run syncs on schedule
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        if "lowcomm" in checkpoint:
+            self.load_lowcomm_state_dict(checkpoint["lowcomm"])
+        return checkpoint
+
+    def apply_lowcomm_state(self, state: dict[str, Any]) -> None:
+        """Counters, anchor, outer momentum, ledger and similarities from ``state``, now."""
         device = self.root_device
         self.inner_step, self.num_syncs = int(state["inner_step"]), int(state["num_syncs"])
         if state["anchor"] is not None:
@@ -287,6 +313,40 @@ class LoRDOStrategy(DDPStrategy):
             self._outer_buf = state["outer_buf"].to(device)
         self.ledger.load_state_dict(state["ledger"])
         self.similarities = list(state["similarities"])
+
+
+# ---- Lightning internals ----------------------------------------------------------------------------------
+# No public hook exists for these, so they sit here together; tests/test_lordo.py
+# (test_lightning_internals_still_exist) checks LIGHTNING_INTERNALS on the installed Lightning and fails loudly,
+# naming the member, when a release renames or removes one.
+#  * DDPStrategy._configure_launcher / ._launcher / ._start_method: the only way to choose the launcher. Under
+#    srun/torchrun the ranks exist already and Lightning's spawn launcher would start a second set inside every
+#    Slurm task; in-process runs (``litlab repro``, tests) need the launcher below.
+#  * _MultiProcessingLauncher (get_extra_results / update_main_process_results): the spawn launcher, extended to
+#    bring the loop counters and the ledger back to the launching process.
+#  * _SubprocessScriptLauncher: Lightning's launcher for processes started externally.
+#  * _Loop._loaded_from_state_dict / ._resuming_from_checkpoint: after loading the ranks' loop counters into the
+#    launching process's loops, mark them "not resuming" so a later fit() there starts afresh.
+LIGHTNING_INTERNALS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "DDPStrategy": (DDPStrategy, ("_configure_launcher", "_launcher", "_start_method")),
+    "_MultiProcessingLauncher": (
+        _MultiProcessingLauncher,
+        ("get_extra_results", "update_main_process_results"),
+    ),
+    "_SubprocessScriptLauncher": (_SubprocessScriptLauncher, ()),
+    "_Loop": (_Loop, ("restarting", "_loaded_from_state_dict", "_resuming_from_checkpoint")),
+}
+
+
+def _choose_launcher(strategy: LoRDOStrategy, lightning_default) -> None:
+    """Under srun/torchrun launch nothing, whatever ``start_method`` says; spawn: ``_SpawnLauncher``."""
+    env = strategy.cluster_environment
+    if env is not None and env.creates_processes_externally:
+        strategy._launcher = _SubprocessScriptLauncher(env, strategy.num_processes, strategy.num_nodes)
+    elif strategy._start_method != "popen":
+        strategy._launcher = _SpawnLauncher(strategy, start_method=strategy._start_method)
+    else:
+        lightning_default()
 
 
 class _SpawnLauncher(_MultiProcessingLauncher):
@@ -309,19 +369,15 @@ class _SpawnLauncher(_MultiProcessingLauncher):
             return
         state = torch.load(io.BytesIO(extra["lordo_state_bytes"]), weights_only=False)  # from our own child
         trainer.fit_loop.load_state_dict(state["fit_loop"])
-        _not_restarting(trainer.fit_loop)  # counters only: a later fit() starts afresh, as it would have
-        trainer.strategy._apply_state(state["lowcomm"])
+        _not_resuming(trainer.fit_loop)  # counters only: a later fit() starts afresh, as it would have
+        trainer.strategy.apply_lowcomm_state(state["lowcomm"])
 
 
-def _not_restarting(loop: _Loop) -> None:
+def _not_resuming(loop: _Loop) -> None:
     loop.restarting, loop._loaded_from_state_dict, loop._resuming_from_checkpoint = False, False, False
     for child in vars(loop).values():
         if isinstance(child, _Loop):
-            _not_restarting(child)
-
-
-def _projectors_ready(optimizer) -> bool:
-    return not hasattr(optimizer, "projectors_ready") or optimizer.projectors_ready()
+            _not_resuming(child)
 
 
 def _copy_into(flat: Tensor, tensors: list[Tensor]) -> None:

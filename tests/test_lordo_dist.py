@@ -1,4 +1,5 @@
-"""LoRDO strategy on 2 gloo processes (lordo.md §7 checks 1, 2, 3, 5, 6 and checkpoint/resume).
+"""LoRDO strategy (arXiv 2602.04396) on 2 gloo processes: no per-step traffic and identical ranks after a sync,
+DDP equals the joint batch, the averaging identity, the byte ledger, stagnation at ω = 1, checkpoint/resume.
 
 One ``torch.multiprocessing.spawn`` of 2 ranks runs several Lightning fits back to back, the way torchrun or srun
 would (``LOCAL_RANK``/``WORLD_SIZE`` set, so Lightning launches nothing and reuses the process group): one
@@ -11,14 +12,19 @@ import socket
 import lightning as L
 import pytest
 import torch
-from litlab.lit_modules.lowcomm.lordo import LoRDOLMModule
-from litlab.lit_modules.lowcomm.optim import is_left
-from litlab.strategies.lordo import LoRDOStrategy
 from torch.nn.utils import parameters_to_vector
 from torch.utils.data import DataLoader, Dataset
 
+from litlab.lit_modules.lowcomm.lordo import LoRDOLMModule, LowRankSetup, TinyDecoder
+from litlab.lit_modules.lowcomm.optim import is_left
+from litlab.strategies.lordo import LoRDOStrategy
+
 K = 8
-TINY = dict(vocab_size=97, d_model=16, n_layers=1, n_heads=2, mlp_hidden=32, block_size=16, rank=4, lr=1e-2)
+TINY_NET = TinyDecoder(vocab_size=97, d_model=16, n_layers=1, n_heads=2, mlp_hidden=32, block_size=16)
+
+
+def tiny(qh_omega: float = 0.97, **kwargs) -> LoRDOLMModule:
+    return LoRDOLMModule(net=TINY_NET, low_rank=LowRankSetup(rank=4, qh_omega=qh_omega), lr=1e-2, **kwargs)
 
 
 class RandomTokens(Dataset):
@@ -49,7 +55,7 @@ class Recorder(L.Callback):
 
 
 class RecordingStrategy(LoRDOStrategy):
-    """Keeps this rank's pre-sync parameters and the post-sync result (check 3)."""
+    """Keeps this rank's pre-sync parameters and the post-sync result."""
 
     def outer_sync(self, optimizer):
         self.pre_sync = parameters_to_vector(self._params()).detach().clone()
@@ -77,7 +83,7 @@ def fit(strategy, model, steps, callbacks=(), ckpt_path=None, root=None, batch_s
 
 
 class LinearSGD(L.LightningModule):
-    """Check 2: mean-squared error of a linear map, plain SGD."""
+    """mean-squared error of a linear map, plain SGD."""
 
     def __init__(self):
         super().__init__()
@@ -111,7 +117,7 @@ def worker(rank: int, port: int, out: str) -> None:
     L.seed_everything(0)
     # checks 1, 3 (average), 6: lordo, K = 8, 24 steps
     rec, strat = Recorder(), RecordingStrategy(mode="lordo", sync_every=K)
-    model = LoRDOLMModule(**TINY)
+    model = tiny()
     fit(strat, model, 24, [rec])
     res["lordo"] = dict(
         params=rec.params,
@@ -123,11 +129,11 @@ def worker(rank: int, port: int, out: str) -> None:
         low=[tuple(p.shape) for n, p in model.model.named_parameters() if n in model.low_rank_names],
         P=sum(p.numel() for p in model.parameters()),
     )
-    # check 3 (Nesterov with outer lr 1, momentum 0 == averaging)
+    # (Nesterov with outer lr 1, momentum 0 == averaging)
     strat = RecordingStrategy(mode="diloco", sync_every=4, outer="nesterov", outer_lr=1.0, outer_momentum=0.0)
-    fit(strat, LoRDOLMModule(**TINY, optimizer="adamw"), 4)
+    fit(strat, tiny(optimizer="adamw"), 4)
     res["nesterov"] = dict(pre=strat.pre_sync, post=strat.post_sync)
-    # check 2: DDP mode, 2 ranks x 8 rows of each 16-row batch
+    # DDP mode, 2 ranks x 8 rows of each 16-row batch
     x, y = ddp_data()
     model = LinearSGD()
     strat = LoRDOStrategy(mode="ddp")
@@ -149,20 +155,20 @@ def worker(rank: int, port: int, out: str) -> None:
         total=strat.ledger.total,
         P=sum(p.numel() for p in model.parameters()),
     )
-    # check 5: stagnation with omega = 1 (weight decay 0, EF on), and its absence with omega = 0.97
+    # stagnation with omega = 1 (weight decay 0, EF on), and its absence with omega = 0.97
     for omega in (1.0, 0.97):
         strat = LoRDOStrategy(mode="lordo", sync_every=4)
-        fit(strat, LoRDOLMModule(**{**TINY, "qh_omega": omega, "weight_decay": 0.0}), 24)
+        fit(strat, tiny(qh_omega=omega, weight_decay=0.0), 24)
         res[f"similarity_{omega}"] = list(strat.similarities)
     # checkpoint/resume at a step that is not a sync: the resumed run syncs at the same steps
     root = os.path.join(out, "resume")
     L.seed_everything(0)
-    trainer = fit(LoRDOStrategy(mode="lordo", sync_every=K), LoRDOLMModule(**TINY), 12, root=root)
+    trainer = fit(LoRDOStrategy(mode="lordo", sync_every=K), tiny(), 12, root=root)
     ckpt = os.path.join(root, "step12.ckpt")
     trainer.save_checkpoint(ckpt)
     rec, strat = Recorder(), LoRDOStrategy(mode="lordo", sync_every=K)
     rec.sync_steps = [8]  # the sync the first attempt did
-    model = LoRDOLMModule(**TINY)
+    model = tiny()
     fit(strat, model, 24, [rec], ckpt_path=ckpt, root=root)
     opt = model.trainer.optimizers[0]
     res["resumed"] = dict(
@@ -189,7 +195,7 @@ def ranks(tmp_path_factory):
 
 
 def test_no_per_step_traffic_and_bitwise_equal_after_sync(ranks):
-    """Check 1: 3 syncs in 24 steps, no gradient all-reduce; ranks differ after step 1, equal after syncs."""
+    """3 syncs in 24 steps, no gradient all-reduce; ranks differ after step 1, equal after syncs."""
     a, b = ranks[0]["lordo"], ranks[1]["lordo"]
     assert a["sync_steps"] == [8, 16, 24] and b["sync_steps"] == [8, 16, 24]
     assert a["ledger"]["calls"].get("pseudo_gradient") == 3 and "gradient" not in a["ledger"]["calls"]
@@ -201,7 +207,7 @@ def test_no_per_step_traffic_and_bitwise_equal_after_sync(ranks):
 
 
 def test_averaging_identity(ranks):
-    """Check 3: θ after sync = mean of the ranks' pre-sync θᵐ, for plain averaging and Nesterov(1, 0)."""
+    """θ after sync = mean of the ranks' pre-sync θᵐ, for plain averaging and Nesterov(1, 0)."""
     for key in ("lordo", "nesterov"):
         pre_mean = (ranks[0][key]["pre"] + ranks[1][key]["pre"]) / 2
         assert torch.allclose(ranks[0][key]["post"], pre_mean, atol=1e-6), key
@@ -209,7 +215,7 @@ def test_averaging_identity(ranks):
 
 
 def test_ddp_mode_equals_single_process_on_the_joint_batch(ranks):
-    """Check 2: 5 SGD steps, 2 ranks x 8 rows == one process on the 16 rows (mean-reduced gradients)."""
+    """5 SGD steps, 2 ranks x 8 rows == one process on the 16 rows (mean-reduced gradients)."""
     x, y = ddp_data()
     ref = LinearSGD()
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -220,12 +226,12 @@ def test_ddp_mode_equals_single_process_on_the_joint_batch(ranks):
     expected = parameters_to_vector(ref.parameters()).detach()
     for r in ranks:
         assert torch.allclose(r["ddp"]["params"], expected, atol=1e-5)
-    assert ranks[0]["ddp"]["total"] == 5 * 4 * ranks[0]["ddp"]["P"]  # check 6, DDP: steps·b·P
+    assert ranks[0]["ddp"]["total"] == 5 * 4 * ranks[0]["ddp"]["P"]  # DDP: steps·b·P
 
 
 def test_byte_ledger_matches_the_formula(ranks):
-    """Check 6: bytes = S·B_sync + b·P_lr (start-up projector), B_sync = b[P + P_lr + 2Σ r·d_i + 2 P_fr]."""
-    res, b, r = ranks[0]["lordo"], 4, TINY["rank"]
+    """bytes = S·B_sync + b·P_lr (start-up projector), B_sync = b[P + P_lr + 2Σ r·d_i + 2 P_fr]."""
+    res, b, r = ranks[0]["lordo"], 4, 4  # batch 4 per rank, rank r = 4 (tiny())
     P = res["P"]
     P_lr = sum(p * q for p, q in res["low"])
     r_d = sum(r * (q if is_left(torch.Size((p, q))) else p) for p, q in res["low"])
@@ -235,7 +241,7 @@ def test_byte_ledger_matches_the_formula(ranks):
 
 
 def test_stagnation_with_omega_one_and_exploration_with_qh(ranks):
-    """Check 5: ω = 1 → every refresh after the first has similarity 1 (1e-5); ω = 0.97 → < 0.99 at least once."""
+    """ω = 1 → every refresh after the first has similarity 1 (1e-5); ω = 0.97 → < 0.99 at least once."""
     stuck, moving = ranks[0]["similarity_1.0"], ranks[0]["similarity_0.97"]
     assert len(stuck) == 6 and all(abs(s - 1.0) < 1e-5 for s in stuck[1:]), stuck
     assert min(moving[:5]) < 0.99, moving

@@ -1,19 +1,22 @@
 """Low-rank quasi-hyperbolic AdamW (LoRDO's local optimizer; GaLore when ω = 1 and error feedback is off).
 
-Spec: shared/methods/lordo.md §3.3 (local step), §3.4 steps 3–5 (what a sync averages, projector refresh,
-moment rotation). For a projected ("low-rank") matrix W ∈ R^{p×q} the Adam moments live in r dimensions:
+LoRDO: "LoRDO: Distributed Low-Rank Optimization with Infrequent Communication" (arXiv 2602.04396); GaLore:
+"GaLore: Memory-Efficient LLM Training by Gradient Low-Rank Projection" (arXiv 2403.03507); the QH mix:
+quasi-hyperbolic momentum (Ma & Yarats, ICLR 2019); the error feedback of the projection as in LDAdam.
+For a projected ("low-rank") matrix W ∈ R^{p×q} the Adam moments live in r dimensions:
 
     G ← G + E                                   # error feedback
     g = P(G);  E ← G − Pᵀ(g)                    # P(G) = QᵀG (left, p < q) or G Qᵀ (right, p ≥ q)
     u ← β₁u + (1−β₁)g;  v ← β₂v + (1−β₂)g²;  s ← s+1
-    den = √(v/(1−β₂ˢ)) + ε;  μ = mean(den)      # μ: one scalar per matrix (§8: research code's normaliser)
+    den = √(v/(1−β₂ˢ)) + ε;  μ = mean(den)      # μ: one scalar per matrix (reconstructed normaliser)
     W ← W − η[ω·Pᵀ(û/den) + (1−ω)·G/(μ+ε)];  W ← W − ηλW
 
 Every other parameter gets AdamW (with ``qh_full_rank`` the QH mix ``(1−ω)G + ω m̂`` inside the ratio).
 Parameter groups carry ``low_rank: bool``. The projector Q is optimizer state (checkpointed with it); who
 sets it is the caller's choice: ``init_projectors``/``refresh_projectors`` (LoRDO's strategy, from the
 all-reduced gradient / pseudo-gradient), or ``update_proj_gap > 0`` (GaLore: from the current — under DDP,
-averaged — gradient every ``update_proj_gap`` steps).
+averaged — gradient every ``update_proj_gap`` steps). It provides what ``LoRDOStrategy`` needs from an optimizer,
+``litlab.lit_modules.lowcomm.contract.LowRankSyncOptimizer``.
 """
 
 from __future__ import annotations
@@ -110,11 +113,15 @@ class LowRankQHAdamW(torch.optim.Optimizer):
         return all("projector" in self.state[p] for p in self.low_rank_params())
 
     def init_projectors(self, grads: Mapping[Tensor, Tensor]) -> None:
-        """§3.5: the first projector of each low-rank matrix, from a (usually all-reduced) gradient."""
+        """The first projector of each low-rank matrix, from a (usually all-reduced) gradient."""
         for p, G in grads.items():
             self.state[p]["projector"] = top_singular_basis(G, self._rank_of(p)).to(_compute_dtype(p))
 
-    # ---- the local step (§3.3) ---------------------------------------------------------------------
+    def projectors(self) -> list[Tensor]:
+        """Each low-rank matrix's Q (the state tensors themselves), in ``low_rank_params`` order."""
+        return [self.state[p]["projector"] for p in self.low_rank_params()]
+
+    # ---- the local step ----------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -179,7 +186,7 @@ class LowRankQHAdamW(torch.optim.Optimizer):
             numer = omega * numer + (1 - omega) * grad  # QH mix inside the ratio
         p.addcdiv_(numer, (v / (1 - beta2**s)).sqrt_().add_(eps), value=-lr)
 
-    # ---- what a sync touches (§3.4) ----------------------------------------------------------------
+    # ---- what a sync touches ------------------------------------------------------------------------
     def state_tensors_for_sync(self, include_error_feedback: bool = True) -> list[Tensor]:
         """u, v of every low-rank matrix, then m, v of every full-rank parameter, then E: a fixed order that is
         identical on every rank (parameter order). Tensors not created yet (before the first step) are created
@@ -204,7 +211,7 @@ class LowRankQHAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def refresh_projectors(self, deltas: Mapping[Tensor, Tensor], rotate: bool = True) -> list[float]:
-        """§3.4 steps 4–5: Q_new from the top-r singular vectors of each Δ_W; optionally rotate the moments
+        """Sync steps 4–5: Q_new from the top-r singular vectors of each Δ_W; optionally rotate the moments
         into the new basis. Returns the subspace similarity (mean σ² of Q_newᵀQ_old) of each matrix."""
         sims = []
         for p, delta in deltas.items():

@@ -1,0 +1,89 @@
+"""The low-communication family's report: what ``litlab repro lordo`` adds to the table of means.
+
+For LoRDO ("LoRDO: Distributed Low-Rank Optimization with Infrequent Communication", arXiv 2602.04396) and its
+baselines (DDP, GaLore-style low-rank DDP, DiLoCo): a table of val loss and communicated bytes per run, a
+loss-vs-bytes plot, the subspace similarity at the projector refreshes and the derived ratios the claim is about.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from litlab.lit_modules.core.results import CardResult, ReportExtras
+
+RATIOS = {  # name: (run a, run b, metric) -> a / b
+    "bytes_ratio_lordo_ddp_k8": ("lordo", "ddp", "comm/bytes_per_step"),
+    "bytes_ratio_lordo_ddp_k32": ("lordo_k32", "ddp", "comm/bytes_per_step"),
+    "val_loss_ratio_lordo_lowrank_ddp": ("lordo", "lowrank_ddp", "val/loss"),
+    "val_loss_ratio_lordo_ddp": ("lordo", "ddp", "val/loss"),
+}
+
+
+def _curve(run_dir: Path) -> tuple[list[float], list[float], list[float]]:
+    """(bytes so far, train loss) at each logged step, and the subspace similarity at each refresh."""
+    bytes_, loss, sims = [], [], []
+    for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if row.get("comm/bytes_total") and row.get("train/loss"):
+                    bytes_.append(float(row["comm/bytes_total"]))
+                    loss.append(float(row["train/loss"]))
+                if row.get("lordo/subspace_similarity"):
+                    sims.append(float(row["lordo/subspace_similarity"]))
+    return bytes_, loss, sims
+
+
+def report(result: CardResult, out_dir: Path) -> ReportExtras:
+    """Card report hook (first seed of each distinct run): table, loss-vs-bytes plot, derived numbers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, numbers, summaries = [], {}, {}
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, run in result.distinct_runs():  # entries reading another metric of the same runs are skipped
+        seed_run = run.runs[0]
+        summary = seed_run.summary_metrics()
+        if "val/loss" not in summary or "comm/bytes_total" not in summary:
+            continue
+        summaries[name] = summary
+        b, loss, sims = _curve(seed_run.run_dir)
+        steps = summary.get("comm/num_syncs", 0)
+        rows.append(
+            f"| {name} | {summary['val/loss']:.4f} | {summary['comm/bytes_total']:.4g} | "
+            f"{summary['comm/bytes_per_step']:.5g} | {int(steps)} | "
+            f"{(f'{min(sims):.4f}–{max(sims):.4f}' if sims else '—')} |"
+        )
+        if b:
+            k = max(1, len(loss) // 30)
+            smooth = [sum(loss[i : i + k]) / len(loss[i : i + k]) for i in range(0, len(loss), k)]
+            ax.plot([max(x, 1.0) for x in b[::k]], smooth, label=name)
+        if sims and name.startswith("lordo"):
+            numbers[f"{name}_similarity_min"] = min(sims[1:] or sims)
+            numbers[f"{name}_similarity_max"] = max(sims[1:] or sims)
+    ax.set_xscale("log")
+    ax.set_xlabel("communicated payload bytes per worker")
+    ax.set_ylabel("train loss (smoothed)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / "lordo_loss_vs_bytes.png"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+    for name, (a, b, key) in RATIOS.items():
+        if a in summaries and b in summaries and summaries[b][key]:
+            numbers[name] = summaries[a][key] / summaries[b][key]
+    markdown = "\n".join(
+        [
+            "## Loss and communication",
+            "",
+            "| run | val loss | bytes total | bytes/step | syncs | subspace similarity (min–max) |",
+            "|---|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+    return ReportExtras(figures=[path], markdown=markdown, numbers=numbers)
