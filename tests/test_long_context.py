@@ -1,9 +1,11 @@
-"""The shared long-context pieces: DataModule prompts, the tiny passkey model's gate, the eval module under fit."""
+"""The shared long-context pieces: DataModule prompts, the DataModule contract, the KV-method interface, the eval
+module under fit, the report hooks."""
 
 import importlib.util
 
 import pytest
 import torch
+
 from litlab.datamodules.long_context import BOS, QUERY, VALUES, LongContextDataModule
 
 
@@ -26,10 +28,116 @@ def test_bad_arguments_name_the_value():
         LongContextDataModule(vocab="words")
     with pytest.raises(ValueError, match="tokenizer_name"):
         LongContextDataModule(vocab="text")
+    from litlab.lit_modules.longctx.sale import SALEConfig
     from litlab.lit_modules.longctx.xkv import make_method
 
     with pytest.raises(ValueError, match="method='svd'"):
         make_method("svd")
+    with pytest.raises(ValueError, match="local_window=40 and segment=32 must be multiples of block_k=16"):
+        SALEConfig(16, 16, 40, 32)
+
+
+def test_datamodule_contract_names_the_missing_member(tmp_path):
+    import lightning as L
+
+    from litlab.lit_modules.core.contracts import check_protocol
+    from litlab.lit_modules.core.errors import ContractError
+    from litlab.lit_modules.longctx.contract import CalibrationData, LongContextData
+
+    check_protocol(
+        LongContextDataModule(), CalibrationData, "SALEPrefillModule"
+    )  # the family's DataModule fits
+
+    class NoPrompts(L.LightningDataModule):  # val_dataloader only from Lightning's base: missing
+        tokenizer = None
+
+    with pytest.raises(ContractError, match="NoPrompts lacks 'val_dataloader'"):
+        check_protocol(NoPrompts(), LongContextData, "XKVCompressionModule")
+
+    class NoCalibration(NoPrompts):
+        def val_dataloader(self):
+            return LongContextDataModule(num_prompts=2).val_dataloader()
+
+    check_protocol(NoCalibration(), LongContextData, "XKVCompressionModule")
+    with pytest.raises(ContractError, match="NoCalibration lacks 'calib_prompts'"):
+        check_protocol(NoCalibration(), CalibrationData, "SALEPrefillModule")
+
+    # under fit: checked once at setup, before any prompt is run
+    import lightning.pytorch as pl
+
+    from litlab.lit_modules.longctx.sale import Calibration, SALEPrefillModule
+
+    module = SALEPrefillModule(calibration=Calibration(theta=0.4), min_seq_len=0)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        limit_train_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with pytest.raises(ContractError, match="NoCalibration lacks 'calib_prompts', which SALEPrefillModule"):
+        trainer.fit(module, datamodule=NoCalibration())
+
+
+def test_vocabulary_mismatch_is_named():
+    from litlab.lit_modules.longctx.harness import LongContextEval
+
+    class Stub:
+        datamodule = LongContextDataModule()  # integer vocabulary
+
+    class Tokenizer:
+        def __len__(self):
+            return 49152
+
+    class Module(LongContextEval):
+        trainer = Stub()
+
+    module = Module()
+    module.setup("fit")  # tiny model, tiny prompts: they agree
+    module.tokenizer = Tokenizer()  # as if the model were SmolLM2
+    with pytest.raises(ValueError, match="'tiny_passkey_llama' reads a tokenizer of 49152 tokens.*integer"):
+        module.setup("fit")
+
+
+def test_methods_plug_in_only_through_the_kv_interface():
+    """Every method of the family is a KVMethod, overrides only the interface's members, and leaves nothing on
+    the model: attention functions reach their method through the cache (method_cache), not module attributes."""
+    from litlab.lit_modules.core.errors import ContractError
+    from litlab.lit_modules.longctx import sale, xkv
+    from litlab.lit_modules.longctx.harness import tiny_passkey_llama
+    from litlab.lit_modules.longctx.kv_cache import KVMethod, greedy_generate, method_cache
+
+    interface = {
+        "name",
+        "attn_implementation",
+        "attention_fn",
+        "prepare",
+        "make_layer",
+        "after_prefill",
+        "metrics",
+    }
+    plan = xkv.CompressionPlan(group_size=2, rank_per_layer=2)
+    sr = xkv.SelectiveReconstruction(sparse_budget=32, outlier_chunks=1)
+    methods = [
+        xkv.make_method(m, plan, sr) for m in ("dense", "xkv", "xkv_sr", "xk_sr", "shadowkv", "minicache")
+    ]
+    blocks = sale.SALEConfig(16, 16, 32, 32, 4, "reference")
+    methods += [sale.SALEMethod(a, blocks, 0.1, min_seq_len=0) for a in ("sale", "sale_pooled", "sdpa")]
+    model = tiny_passkey_llama()
+    attrs = {name: set(vars(m)) for name, m in model.named_modules()}
+    item = LongContextDataModule(num_prompts=1).prompts("val")[0]
+    for method in methods:
+        assert isinstance(method, KVMethod)
+        for cls in type(method).__mro__[: type(method).__mro__.index(KVMethod)]:
+            hooks = {n for n, v in vars(cls).items() if not n.startswith("_") and n in vars(KVMethod)}
+            assert hooks <= interface, (cls.__name__, hooks - interface)
+        res = greedy_generate(model, method, item["context_ids"][None], item["query_ids"][None], 2)
+        assert res["cache"].method is method and len(res["tokens"]) == 2
+    assert {name: set(vars(m)) for name, m in model.named_modules()} == attrs  # nothing set on the model
+    with pytest.raises(ContractError, match="without a MethodCache"):
+        method_cache({})
 
 
 def test_eval_module_under_fit_logs_everything(tmp_path):
@@ -64,9 +172,8 @@ def test_eval_module_under_fit_logs_everything(tmp_path):
 
 
 def test_full_configs_fail_at_once_offline(monkeypatch, tmp_path):
-    from litlab.lit_modules.core.errors import ResourceUnavailableError, unavailable_cause
-
     from litlab.cli import LitlabCLI
+    from litlab.lit_modules.core.errors import ResourceUnavailableError, unavailable_cause
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for slug in ("xkv", "sale"):
@@ -85,3 +192,53 @@ def test_smollm2_text_prompt_lengths():
     dm = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=2)
     for it in dm.prompts("val"):
         assert abs(it["length"] - 1024) < 64 and it["answer_text"].isdigit()
+
+
+def test_report_hooks_read_a_card_result(tmp_path):
+    import json
+    from pathlib import Path
+
+    from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult, SeedRun
+    from litlab.lit_modules.longctx.report import density_report
+    from litlab.lit_modules.longctx.xkv import report
+
+    def card(metrics_by_run: dict) -> CardResult:
+        runs = {}
+        for name, metrics in metrics_by_run.items():
+            run_dir = tmp_path / name
+            run_dir.mkdir(exist_ok=True)
+            (run_dir / "summary.json").write_text(json.dumps({"metrics": metrics}))
+            seed_run = SeedRun(seed=0, value=metrics["val/acc"], run_dir=Path(run_dir))
+            runs[name] = RunResult(
+                name, "val/acc", [0], [metrics["val/acc"]], metrics["val/acc"], 0.0, [seed_run]
+            )
+        return CardResult("x", "t", "c", "quick", [0], "val/acc", "max", runs, None, [], None, "d", 1.0)
+
+    res = card(
+        {
+            "dense": {"val/acc": 1.0, "val/compression_ratio": 1.0},
+            "svd_r1": {"val/acc": 0.5, "val/compression_ratio": 25.0},
+            "svd_r4": {"val/acc": 1.0, "val/compression_ratio": 7.0},
+            "xkv4_r1": {"val/acc": 0.995, "val/compression_ratio": 19.7, "val/cr_inf": "nan"},
+            "xkv_sr": {"val/acc": 1.0, "val/compression_ratio": 3.0, "val/tokens_reconstructed_frac": 0.125},
+        }
+    )
+    extras = report(res, tmp_path)
+    assert isinstance(extras, ReportExtras) and extras.figures[0].exists()
+    assert (
+        extras.numbers["best_cr_within_1pt_svd"] == 7.0 and extras.numbers["best_cr_within_1pt_xkv"] == 19.7
+    )
+    assert (
+        extras.numbers["xkv_sr_tokens_reconstructed_frac"] == 0.125
+        and "| xkv4_r1 | 0.995 |" in extras.markdown
+    )
+    timing = {
+        4096: dict(
+            dense_s=1.0, select_s=0.5, sparse_s=1.0, density=0.2, sale_over_dense=1.5, overhead_frac=0.5
+        )
+    }
+    extras = density_report(
+        card({"dense": {"val/acc": 1.0}, "sale": {"val/acc": 1.0, "val/density": 0.4}}), timing
+    )
+    assert extras.numbers["dense_density"] == 1.0 and extras.numbers["sale_density"] == 0.4
+    assert extras.numbers["cpu_4096_sale_over_dense"] == 1.5

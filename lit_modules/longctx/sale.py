@@ -1,36 +1,50 @@
-"""SALE — low-bit estimated fine-grained block-sparse attention for long-context prefill (ICML 2026).
-Spec: shared/methods/sale.md. Kernels a and b: kernels/block_sparse_attention.py, kernels/block_select.py.
+"""SALE: low-bit estimated fine-grained block-sparse attention for long-context prefill.
 
-Algorithm, per layer and prefill call (sale.md §3):
-    K' = K - mean_t K;  Qi, Ki = 4-bit per-token codes of Q - mean_t Q and K'            # §3.2 (smoothing)
-    s_hat = s_q s_k <Qi, Ki> + q_bar . K'                                                 # §3.2.5 (estimate)
-    per query block: reserved = sink block + last n_loc causal blocks (whole segments)   # §3.3.1
-                     m_i, l_i over reserved exact logits;  T_i = m_i + ln(tau l_i)        # §3.3.2-3
-                     middle block selected iff max_(i,j in block) scale*s_hat - T_i > 0  # §3.3.4 (RAS > tau)
-    O = flash attention over reserved + selected blocks                                   # §3.4
-Thresholds tau[l, h]: uniform, or calibrated offline by halving until the L1 output error < theta*N (§3.5).
-Baseline ``sale_pooled``: same reserved blocks, middle blocks ranked by mean-pooled q_block . k_block, keeping ONE
-top fraction of every query block's middle blocks, chosen per layer call so its density matches SALE's (§6A/§6B).
-Reconstructed from the official kernels (paper text unreachable, sale.md §8): threshold formula, reserved-region
-arithmetic, calibration loop, the name "Relative Attention Score" for exp(z - m)/l.
+Paper: "SALE: Low-bit Estimation for Efficient Sparse Attention in Long-context LLM Prefilling", Ji, Zhang, Fu,
+Cui, arXiv 2505.24179, ICML 2026; official code github.com/BirdChristopher/SALE. Kernels: the block selection in
+``litlab.kernels.block_select``, the sparse computation in ``litlab.kernels.block_sparse_attention``.
+
+Algorithm, per layer and prefill call:
+    K' = K - mean_t K;  Qi, Ki = 4-bit per-token codes of Q - mean_t Q and K'            # smoothing
+    s_hat = s_q s_k <Qi, Ki> + q_bar . K'                                                 # low-bit estimate
+    per query block: reserved = sink block + last n_loc causal blocks (whole segments)
+                     m_i, l_i over reserved exact logits;  T_i = m_i + ln(tau l_i)
+                     middle block selected iff max_(i,j in block) scale*s_hat - T_i > 0  # RAS > tau
+    O = flash attention over reserved + selected blocks
+Thresholds tau[l, h]: uniform, or calibrated offline by halving until the L1 output error < theta*N.
+Baseline ``sale_pooled`` (our stand-in for SpargeAttn-style coarse selection): same reserved blocks, middle blocks
+ranked by mean-pooled q_block . k_block, keeping ONE top fraction of every query block's middle blocks, chosen per
+layer call so its density matches SALE's.
+Reconstructed: the paper's text could not be read; chosen (from the official kernels): the threshold formula, the
+reserved-region arithmetic, the calibration loop, and the name "Relative Attention Score" for exp(z - m)/l.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Literal
 
 import torch
-from litlab.kernels.block_select import quant_qk_block_select, smooth_quantize
-from litlab.kernels.block_sparse_attention import block_sparse_attention, dense_causal_attention
-from litlab.lit_modules.longctx.harness import LongContextEval
-from litlab.lit_modules.longctx.kv_cache import KVMethod, register_attention
+
+from litlab.kernels.block_select import quant_qk_block_select, reserved_blocks, smooth_quantize
+from litlab.kernels.block_sparse_attention import (
+    block_sparse_attention,
+    block_sparse_attention_gathered,
+    dense_causal_attention,
+)
+from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.results import CardResult, ReportExtras
+from litlab.lit_modules.longctx.contract import CalibrationData, LongContextData
+from litlab.lit_modules.longctx.harness import EVAL, TINY_LM, EvalSettings, FrozenLM, LongContextEval
+from litlab.lit_modules.longctx.kv_cache import CACHE_KWARG, KVMethod, head_dim, method_cache
+from litlab.lit_modules.longctx.report import density_report
 
 Attn = Literal["sale", "sale_pooled", "sdpa"]
 
 
-# ---- §6A synthetic "sink + needles" attention inputs -------------------------------------------------------------
+# ---- synthetic "sink + needles" attention inputs ----------------------------------------------------------------
 def sink_needle_inputs(
     H: int = 4,
     N: int = 1024,
@@ -40,7 +54,9 @@ def sink_needle_inputs(
     min_query: int = 300,
     min_gap: int = 200,
 ):
-    """q, k, v [H, N, d]: queries 3u + noise ⟂ u, a sink key 25u, needles k_j = 12 n_i/|n_i| for random i > j."""
+    """q, k, v [H, N, d]: queries 3u + noise ⟂ u, a sink key 25u, needles k_j = 12 n_i/|n_i| for random i > j.
+
+    Our synthetic check (not the paper's): single-key needles that a pooled block score dilutes."""
     gen = torch.Generator().manual_seed(seed)
     u = torch.nn.functional.normalize(torch.randn(H, 1, d, generator=gen), dim=-1)
     noise = 0.9 * torch.randn(H, N, d, generator=gen)
@@ -57,23 +73,35 @@ def sink_needle_inputs(
     return q, k, v
 
 
-# ---- §3.2-3.4 selection + computation, and the pooled baseline -------------------------------------------------
+# ---- selection + computation, and the pooled baseline ------------------------------------------------------
+@config_part
 class SALEConfig:
-    def __init__(
-        self,
-        block_q: int = 64,
-        block_k: int = 32,
-        local_window: int = 128,
-        segment: int = 128,
-        bits: int = 4,
-        impl: str = "auto",
-    ):
-        if local_window % block_k or segment % block_k:
+    """Block geometry of SALE (defaults: the official scripts'): query blocks of ``block_q`` rows, key blocks of
+    ``block_k``; the last ``local_window`` tokens are always kept, the middle region is cut into whole segments of
+    ``segment`` tokens; ``bits``-bit estimation; ``impl``: ``triton`` kernels, ``reference`` PyTorch, or ``auto``
+    (Triton on CUDA)."""
+
+    block_q: int = 64
+    block_k: int = 32
+    local_window: int = 128
+    segment: int = 128
+    bits: int = 4
+    impl: Literal["auto", "triton", "reference"] = "auto"
+
+    def __post_init__(self):
+        if self.local_window % self.block_k or self.segment % self.block_k:
             raise ValueError(
-                f"local_window={local_window} and segment={segment} must be multiples of block_k={block_k}"
+                f"local_window={self.local_window} and segment={self.segment} must be multiples of "
+                f"block_k={self.block_k}"
             )
-        self.block_q, self.block_k, self.bits, self.impl = block_q, block_k, bits, impl
-        self.local_blocks, self.seg_blocks = local_window // block_k, segment // block_k
+
+    @property
+    def local_blocks(self) -> int:
+        return self.local_window // self.block_k
+
+    @property
+    def seg_blocks(self) -> int:
+        return self.segment // self.block_k
 
     def blocks(self) -> dict:
         return dict(
@@ -84,8 +112,22 @@ class SALEConfig:
         )
 
 
+@config_part
+class Calibration:
+    """Per-head threshold calibration (off when ``theta`` is None): starting from ``tau_init``, halve tau[l, h]
+    until the L1 output error is below theta * d/128 * N on every calibration prompt (the d/128 scaling is our
+    choice for small heads); below ``tau_floor`` the head is dense. Defaults are the official code's. The result
+    is saved to ``thresholds_path`` if given; with ``theta`` None, thresholds are loaded from it instead."""
+
+    theta: float | None = None
+    tau_init: float = 0.008
+    tau_floor: float = 1e-4
+    thresholds_path: str | None = None
+
+
 def sale_block_mask(q, k, tau, cfg: SALEConfig, sm_scale=None):
-    """(mask uint8 [B,H,nQ,nK], k' = k - mean k): §3.2 quantisation + §3.3 selection (kernel b or reference)."""
+    """(mask uint8 [B,H,nQ,nK], k' = k - mean k): smoothing + quantisation, then block selection (kernel or
+    reference)."""
     quant = smooth_quantize(q, k, cfg.bits)
     mask = quant_qk_block_select(q, *quant, tau, sm_scale=sm_scale, impl=cfg.impl, **cfg.blocks())
     return mask, quant[0]
@@ -111,8 +153,6 @@ def pooled_block_mask(q, k, n_keep: torch.Tensor, cfg: SALEConfig) -> torch.Tens
     score = qp @ kp.repeat_interleave(g, 1).transpose(-1, -2)  # [B, H, nQ, nK]
     mask = reserved_only_mask(score, N, cfg)
     middle = torch.zeros_like(mask, dtype=torch.bool)
-    from litlab.kernels.block_select import reserved_blocks
-
     for qb in range(n_qb):
         rng = reserved_blocks(qb, N, **cfg.blocks())[2]
         middle[:, :, qb, rng.start : rng.stop] = True
@@ -124,10 +164,8 @@ def pooled_block_mask(q, k, n_keep: torch.Tensor, cfg: SALEConfig) -> torch.Tens
 
 def pooled_keep_counts(sale_mask: torch.Tensor, N: int, cfg: SALEConfig) -> torch.Tensor:
     """Middle blocks the pooled baseline keeps per (b, h, query block): ONE fraction f of every query block's middle
-    region (sale.md §6A: "top fraction per query block"), chosen so the total matches SALE's selected count, i.e.
-    equal density. (Copying SALE's per-block counts instead would hand the baseline SALE's needle locations.)"""
-    from litlab.kernels.block_select import reserved_blocks
-
+    region ("top fraction per query block"), chosen so the total matches SALE's selected count, i.e. equal
+    density. (Copying SALE's per-block counts instead would hand the baseline SALE's needle locations.)"""
     n_mid = torch.tensor(
         [len(reserved_blocks(qb, N, **cfg.blocks())[2]) for qb in range(sale_mask.shape[2])],
         dtype=torch.float32,
@@ -139,7 +177,7 @@ def pooled_keep_counts(sale_mask: torch.Tensor, N: int, cfg: SALEConfig) -> torc
 
 
 def block_density(mask: torch.Tensor, N: int, block_q: int, block_k: int) -> float:
-    """(reserved + selected causal blocks) / (all causal blocks), sale.md §3.6."""
+    """(reserved + selected causal blocks) / (all causal blocks)."""
     n_qb = mask.shape[2]
     causal = (
         sum(math.ceil(min((b + 1) * block_q, N) / block_k) for b in range(n_qb))
@@ -160,14 +198,18 @@ def sale_attention_core(q, k, v, tau, cfg: SALEConfig, sm_scale=None, baseline: 
     return o, mask
 
 
-# ---- §3.7 transformers hook -------------------------------------------------------------------------------------
+BLOCKS, NO_CALIBRATION = SALEConfig(), Calibration()  # defaults
+
+
+# ---- the KV-method interface ------------------------------------------------------------------------------
 class SALEMethod(KVMethod):
-    """Prefill through SALE (or the pooled baseline) via a registered attention function; decode stays dense."""
+    """Prefill through SALE (or the pooled baseline) via a registered attention function; decode stays dense.
+    Prefill calls of at most ``min_seq_len`` tokens and layers below ``start_layer`` stay dense too."""
 
     def __init__(
         self,
         attn: Attn = "sale",
-        cfg: SALEConfig | None = None,
+        cfg: SALEConfig = BLOCKS,
         tau: float = 0.1,
         thresholds: torch.Tensor | None = None,
         min_seq_len: int = 1024,
@@ -175,17 +217,14 @@ class SALEMethod(KVMethod):
         measure_error: bool = True,
     ):
         self.name = self.attn_implementation = attn
-        self.cfg, self.tau, self.thresholds = cfg or SALEConfig(), tau, thresholds
+        self.attention_fn = None if attn == "sdpa" else _sale_attention
+        self.cfg, self.tau, self.thresholds = cfg, tau, thresholds
         self.min_seq_len, self.start_layer, self.measure_error = min_seq_len, start_layer, measure_error
         self.stats: list[dict] = []
 
     def prepare(self, model) -> None:
-        if self.attn_implementation != "sdpa":
-            register_attention(self.attn_implementation, _sale_attention)
-        model.set_attn_implementation(self.attn_implementation)
-        for layer in model.model.layers:  # the attention function finds its method through the module
-            layer.self_attn.sale_method = self
-        self.stats = []
+        super().prepare(model)
+        self.stats = []  # per request
 
     def layer_tau(self, layer_idx: int, n_heads: int) -> torch.Tensor:
         if self.thresholds is not None:
@@ -206,7 +245,7 @@ class SALEMethod(KVMethod):
 
 
 def _sale_attention(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
-    method: SALEMethod = module.sale_method
+    method: SALEMethod = method_cache(kwargs).method
     M, N = query.shape[2], key.shape[2]
     key, value = key.to(query.dtype), value.to(query.dtype)
     if M == 1 or M != N or N <= method.min_seq_len or module.layer_idx < method.start_layer:
@@ -234,22 +273,30 @@ def _sale_attention(module, query, key, value, attention_mask=None, scaling=None
     return out.transpose(1, 2).contiguous(), None
 
 
-# ---- §3.5 per-head threshold calibration --------------------------------------------------------------------------
-def _capture_attention(module, q, k, v, attention_mask=None, scaling=None, dropout=0.0, **kw):
-    module.sale_captured.append((q, k, v, scaling))
+# ---- per-head threshold calibration --------------------------------------------------------------------------
+def _capture_attention(module, q, k, v, attention_mask=None, scaling=None, dropout=0.0, **kwargs):
+    method_cache(kwargs).method.captured.append((q, k, v, scaling))
     return dense_causal_attention(q, k, v, scaling).transpose(1, 2).contiguous(), None
+
+
+class QKVCapture(KVMethod):
+    """Dense attention that records every layer's post-RoPE (q, k, v, scaling) of one prefill."""
+
+    name = attn_implementation = "sale_capture"
+    attention_fn = staticmethod(_capture_attention)
+
+    def __init__(self):
+        self.captured: list[tuple] = []
 
 
 @torch.no_grad()
 def capture_qkv(model, input_ids: torch.Tensor) -> list[tuple]:
     """Post-RoPE (q, k, v, scaling) of every layer from one DENSE forward."""
-    captured: list[tuple] = []
-    for layer in model.model.layers:
-        layer.self_attn.sale_captured = captured
-    register_attention("sale_capture", _capture_attention)
-    model.set_attn_implementation("sale_capture")
-    model(input_ids=input_ids)
-    return captured
+    method = QKVCapture()
+    method.prepare(model)
+    cache = method.make_cache(model, input_ids.shape[1])
+    model(input_ids=input_ids, cache=cache, use_cache=True, **{CACHE_KWARG: cache})
+    return method.captured
 
 
 @torch.no_grad()
@@ -261,7 +308,7 @@ def calibrate_thresholds(
     tau_init: float = 0.008,
     tau_floor: float = 1e-4,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """§3.5: halve tau[l, h] until sum|O - O_dense| < theta * N on every prompt (0 = dense head below the floor).
+    """Halve tau[l, h] until sum|O - O_dense| < theta * N on every prompt (0 = dense head below the floor).
     Heads are independent, so all heads of a layer are tested at once. Returns (tau [N_L, H], tau after each
     prompt)."""
     tau = None
@@ -286,82 +333,68 @@ def calibrate_thresholds(
 
 
 class SALEPrefillModule(LongContextEval):
-    """sale.md §5: a frozen causal LM whose prefill runs through SALE, its pooled baseline, or dense SDPA.
+    """A frozen causal LM whose prefill runs through SALE, its pooled baseline, or dense SDPA.
 
     The whole prompt (context + question) is prefilled; the answer is greedy-decoded with dense attention.
-    ``calib_theta`` set: thresholds are calibrated on the DataModule's ``calib`` prompts at fit start
-    (``theta`` is scaled by d/128, our choice, sale.md §8) and saved to ``thresholds_path`` if given.
+    ``calibration.theta`` set: thresholds are calibrated on the DataModule's ``calib_prompts()`` at fit start
+    (the DataModule must then provide ``contract.CalibrationData``). ``measure_error``: also run dense attention
+    in every SALE layer to log the output error (costs a dense pass).
+
+    Argument groups: ``lm`` (the frozen model), ``attn`` and ``tau``, ``blocks`` (geometry), where SALE runs
+    (``min_seq_len``, ``start_layer``), ``calibration``, ``evaluation``.
     """
 
     def __init__(
         self,
-        model_name: str = "tiny_passkey_llama",
+        lm: FrozenLM = TINY_LM,
         attn: Attn = "sale",
         tau: float = 0.1,
-        block_q: int = 64,
-        block_k: int = 32,
-        local_window: int = 128,
-        segment: int = 128,
-        bits: int = 4,
+        blocks: SALEConfig = BLOCKS,
         min_seq_len: int = 1024,
         start_layer: int = 0,
-        calib_theta: float | None = None,
-        tau_init: float = 0.008,
-        tau_floor: float = 1e-4,
-        thresholds_path: str | None = None,
-        use_triton: Literal["auto", "triton", "reference"] = "auto",
+        calibration: Calibration = NO_CALIBRATION,
         measure_error: bool = True,
-        max_new_tokens: int = 1,
-        dtype: str = "float32",
-        tiny_train_steps: int = 200,
-        tiny_seed: int = 1,
+        evaluation: EvalSettings = EVAL,
     ):
-        super().__init__(
-            model_name=model_name,
-            max_new_tokens=max_new_tokens,
-            dtype=dtype,
-            query_after_compression=False,
-            tiny_train_steps=tiny_train_steps,
-            tiny_seed=tiny_seed,
-        )
+        super().__init__(lm, evaluation, query_after_compression=False)
         self.save_hyperparameters()
-        self.cfg = SALEConfig(block_q, block_k, local_window, segment, bits, use_triton)
-        thresholds = torch.load(thresholds_path) if thresholds_path and calib_theta is None else None
-        self.method = SALEMethod(attn, self.cfg, tau, thresholds, min_seq_len, start_layer, measure_error)
+        self.cfg, self.calibration = blocks, calibration
+        self.calibrates = calibration.theta is not None and attn != "sdpa"
+        self.data_contract = CalibrationData if self.calibrates else LongContextData
+        path = calibration.thresholds_path
+        thresholds = torch.load(path) if path and calibration.theta is None else None
+        self.method = SALEMethod(attn, blocks, tau, thresholds, min_seq_len, start_layer, measure_error)
         self.calib_metrics: dict[str, float] = {}
 
     def extra_metrics(self) -> dict[str, float]:
         return self.calib_metrics
 
     def on_fit_start(self) -> None:
-        hp = self.hparams
-        if hp.calib_theta is None or hp.attn == "sdpa":
+        if not self.calibrates:
             return
-        cfg = self.lm.config
-        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        cal = self.calibration
+        d = head_dim(self.lm.config)
         prompts = [
             torch.cat([p["context_ids"], p["query_ids"]]).to(self.device)
             for p in self.trainer.datamodule.calib_prompts()
         ]
         tau, _ = calibrate_thresholds(
-            self.lm, prompts, self.cfg, hp.calib_theta * d / 128, hp.tau_init, hp.tau_floor
+            self.lm, prompts, self.cfg, cal.theta * d / 128, cal.tau_init, cal.tau_floor
         )
         self.method.thresholds = tau
         self.calib_metrics = {
             "calib_mean_tau": float(tau.mean()),
             "calib_dense_heads_frac": float((tau == 0).float().mean()),
         }
-        if hp.thresholds_path:
-            torch.save(tau, hp.thresholds_path)
+        if cal.thresholds_path:
+            torch.save(tau, cal.thresholds_path)
 
 
 def cpu_prefill_timing(
     lengths=(4096, 8192, 16384), H: int = 2, d: int = 64, tau: float = 0.01, seed: int = 1
 ):
-    """Attention-level CPU timing (one layer, sink + needle inputs of §6A): dense SDPA vs SALE's reference path
+    """Attention-level CPU timing (one layer, ``sink_needle_inputs``): dense SDPA vs SALE's reference path
     (quantise + select, then the block-skipping gathered attention). Ratios come from one run on one machine."""
-    from litlab.kernels.block_sparse_attention import block_sparse_attention_gathered
-
     cfg = SALEConfig(impl="reference")
     out = {}
     for n in lengths:
@@ -386,31 +419,6 @@ def cpu_prefill_timing(
     return out
 
 
-def report(res: dict, out_dir) -> dict:
+def report(result: CardResult, out_dir: Path) -> ReportExtras:
     """Card hook: density / output error / accuracy of every run, and the CPU timing of ``cpu_prefill_timing``."""
-    from litlab.lit_modules.longctx.harness import read_run_metrics
-
-    numbers, lines = {}, ["| run | acc | density | attn out rel err |", "|---|---|---|---|"]
-    for name, run in res["runs"].items():
-        m = read_run_metrics(run["runs"][0]["run_dir"])
-        numbers[f"{name}_acc"] = m.get("val/acc", float("nan"))
-        numbers[f"{name}_density"] = m.get("val/density", 1.0)
-        numbers[f"{name}_out_err"] = m.get("val/attn_out_rel_err", 0.0)
-        lines.append(
-            f"| {name} | {numbers[f'{name}_acc']:.3f} | {numbers[f'{name}_density']:.3f} | "
-            f"{numbers[f'{name}_out_err']:.4f} |"
-        )
-    lines += [
-        "",
-        "CPU attention timing (one layer, H=2, d=64, tau=0.01, reference sparse path vs SDPA):",
-        "| N | dense s | select s | sparse s | density | (select+sparse)/dense | select/dense |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for n, t in cpu_prefill_timing().items():
-        lines.append(
-            f"| {n} | {t['dense_s']:.2f} | {t['select_s']:.2f} | {t['sparse_s']:.2f} | {t['density']:.3f} "
-            f"| {t['sale_over_dense']:.2f} | {t['overhead_frac']:.2f} |"
-        )
-        for key in ("sale_over_dense", "overhead_frac", "density"):
-            numbers[f"cpu_{n}_{key}"] = t[key]
-    return {"markdown": "\n".join(lines), "numbers": numbers}
+    return density_report(result, cpu_prefill_timing())
