@@ -1,16 +1,18 @@
-"""Long-context retrieval prompts generated locally (passkey, multi-key needle, multi-value), `_kernels.md` §e.
+"""Long-context retrieval prompts generated locally (passkey, multi-key needle, multi-value).
 
 Two vocabularies share the generators' logic:
 * ``vocab="tiny"``: the integer vocabulary of the tiny passkey Llama (0 pad, 1 BOS, 2 QUERY, 3 NEEDLE, 4..15 keys,
-  16..47 values, 48..127 filler; xkv.md §6B). Passkey: ``[BOS, filler.., v, filler.., QUERY] -> v``.
-* ``vocab="smollm2"``: natural-language prompts for SmolLM2-135M-Instruct (xkv.md §6C): filler sentences, the
+  16..47 values, 48..127 filler). Passkey: ``[BOS, filler.., v, filler.., QUERY] -> v``.
+* ``vocab="smollm2"``: natural-language prompts for SmolLM2-135M-Instruct: filler sentences, the
   needle " The pass key is NNNNN. Remember it. NNNNN is the pass key. " at a depth, and the question
   "\\nWhat is the pass key? The pass key is"; success if the key appears in the greedy answer.
 
 Every item is ``{"context_ids", "query_ids", "answer_ids", "answer_text", "length", "depth"}``; the query is kept
-separate so KV methods can compress the context before the question arrives (the paper's multi-turn setting).
+separate so KV methods can compress the context before the question arrives (xKV's multi-turn setting, arXiv
+2503.18893). This is the ``PromptItem`` of ``litlab.lit_modules.longctx.contract``, which says what the long-context
+family needs from a DataModule (``tokenizer``, ``val_dataloader``, ``calib_prompts``).
 Prompts are seeded by ``(seed, split, length, index)``; nothing is downloaded. The ``calib`` split holds
-multi-key prompts (SALE's threshold calibration, sale.md §3.5).
+multi-key prompts (SALE's per-head threshold calibration, arXiv 2505.24179).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Literal
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
+
+from litlab.lit_modules.core.hf import load_tokenizer, smollm2_folder
 
 PAD, BOS, QUERY, NEEDLE = 0, 1, 2, 3
 KEYS, VALUES, FILLER = range(4, 16), range(16, 48), range(48, 128)
@@ -140,9 +144,8 @@ class LongContextDataModule(L.LightningDataModule):
 
     @property
     def tokenizer(self):
+        """The tokenizer the prompts are encoded with (None for the integer vocabulary), loaded on first use."""
         if self._tokenizer is None and self.hparams.vocab != "tiny":
-            from litlab.lit_modules.core.hf import load_tokenizer, smollm2_folder
-
             name = smollm2_folder() if self.hparams.vocab == "smollm2" else self.hparams.tokenizer_name
             self._tokenizer = load_tokenizer(name)
         return self._tokenizer
