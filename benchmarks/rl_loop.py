@@ -1,14 +1,15 @@
-"""Env steps per second of one SAC update per env step: the Lightning loop (manual optimisation, env stepped in
-``training_step``, the same ``RLDataModule``) against a plain PyTorch loop calling ``SACAgent.update`` with the
-same losses, networks and batch. Rounds are interleaved in one process so machine load hits both alike; both
-wall-clock and CPU (process) time are reported — on a shared machine the CPU-time ratio is the fair one.
+"""Env steps per second of one SAC update per env step: the Lightning loop (manual optimisation, env stepped
+in ``training_step``, the same ``RLDataModule``) against a plain PyTorch loop calling ``SACAgent.update`` with
+the same losses, networks and batch. Rounds are interleaved in one process so machine load hits both alike;
+both wall-clock and CPU (process) time are reported — on a shared machine the CPU-time ratio is the fair one.
 
-The Lightning side is the bare loop a module pays for: ``manual_backward`` and ``LightningOptimizer.step`` for each
-of the three optimisers (so precision plugins keep working), the step-index loader and its fetcher, and every
-per-batch/per-backward hook dispatch, with logging every 50 iterations — but no logger, progress bar, checkpoint
-or ``RLEvalCallback`` (a user's run adds those; their cost is the user's choice, not the loop's). The remaining
-overhead is Lightning's fixed dispatch per iteration (≈ 0.3 ms) and per manual optimiser step (≈ 0.13 ms) on
-CPU, independent of network width: a larger fraction with the 64-wide nets than with 256-wide ones.
+The Lightning side is the bare loop a module pays for: ``manual_backward`` and ``LightningOptimizer.step`` for
+each of the three optimisers (so precision plugins keep working), the step-index loader and its fetcher, and
+every per-batch/per-backward hook dispatch, with logging every 50 iterations — but no logger, progress bar,
+checkpoint or ``RLEvalCallback`` (a user's run adds those; their cost is the user's choice, not the loop's).
+The remaining overhead is Lightning's fixed dispatch per iteration (≈ 0.3 ms) and per manual optimiser step
+(≈ 0.13 ms) on CPU, independent of network width: a larger fraction with the 64-wide nets than with 256-wide
+ones.
 
     litlab bench rl_loop --steps 1000 --rounds 6 [--hidden 256 256 --batch-size 256]
 """
@@ -37,7 +38,8 @@ from litlab.lit_modules.rl.sac import (
 
 
 class OnlineSAC(RLModule):
-    """SAC on the env reward in Lightning: exactly ``SACAgent.update``'s three steps under manual optimisation."""
+    """SAC on the env reward in Lightning: exactly ``SACAgent.update``'s three steps under manual
+    optimisation."""
 
     needs_offline = False
 

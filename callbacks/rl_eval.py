@@ -35,9 +35,9 @@ class RLEvalCallback(L.Callback):
         seed_base: int = 10_000,
         checkpoint_every_n_iterations: int | None = 1000,
     ):
-        """Logs ``eval/return``, ``eval/score`` (100 · (R − R_random)/(R_expert − R_random), ``ref_table`` for MuJoCo
-        tasks: ``d4rl`` or ``ngt``), ``eval/norm_return`` (score / 100), ``eval/score_offline_end`` (at the switch to
-        the online phase) and ``eval/score_auc`` (mean score over the online evaluations)."""
+        """Logs ``eval/return``, ``eval/score`` (100 · (R − R_random)/(R_expert − R_random), ``ref_table`` for
+        MuJoCo tasks: ``d4rl`` or ``ngt``), ``eval/norm_return`` (score / 100), ``eval/score_offline_end`` (at
+        the switch to the online phase) and ``eval/score_auc`` (mean score over the online evaluations)."""
         if every_n_iterations < 1 or n_episodes < 1:
             raise ValueError(
                 f"every_n_iterations and n_episodes must be >= 1, got {every_n_iterations}, {n_episodes}"

@@ -1,12 +1,13 @@
-"""``RLDataModule``: the offline data set (D4RL layout) and the online replay buffer of an RL run, the training
-env and its collector, and a loader of step indices that drives the loop. It implements the RL family's
-``RLData`` contract (``litlab.lit_modules.rl.contract``).
+"""``RLDataModule``: the offline data set (D4RL layout) and the online replay buffer of an RL run, the
+training env and its collector, and a loader of step indices that drives the loop. It implements the RL
+family's ``RLData`` contract (``litlab.lit_modules.rl.contract``).
 
 The env is stepped by the LightningModule inside ``training_step`` through ``collect`` — never in a DataLoader
-worker. The loader only yields iteration indices ``0 .. n_offline_steps + n_online_steps − 1``, starting at the
-restored counter after a resume, so ``max_epochs: 1`` bounds the run (Lightning's ``global_step`` counts every
-optimiser step and cannot). ``state_dict`` (saved in every checkpoint) holds the online buffer as tensors, the
-iteration counter and the env-step counter, so a resumed run continues the online phase where it stopped.
+worker. The loader only yields iteration indices ``0 .. n_offline_steps + n_online_steps − 1``, starting at
+the restored counter after a resume, so ``max_epochs: 1`` bounds the run (Lightning's ``global_step`` counts
+every optimiser step and cannot). ``state_dict`` (saved in every checkpoint) holds the online buffer as
+tensors, the iteration counter and the env-step counter, so a resumed run continues the online phase where it
+stopped.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ class StepIndexDataset(IterableDataset):
         self.dm = dm
 
     def __iter__(self):
-        # Lightning asks for the next index before running the current step: count issued indices here, and let
-        # the module advance ``dm.iteration`` (the checkpointed counter) when a step is done.
+        # Lightning asks for the next index before running the current step: count issued indices here, and
+        # let the module advance ``dm.iteration`` (the checkpointed counter) when a step is done.
         yield from range(self.dm.iteration, self.dm.total_iterations)
 
 
@@ -55,14 +56,15 @@ class RLDataModule(L.LightningDataModule):
         terminate_when_unhealthy: bool | None = None,
         env_seed: int | None = None,
     ):
-        """``dataset_path`` (a D4RL/Minari HDF5 file) or ``dataset_level`` (``<cache>/d4rl/<env>-<level>.hdf5``;
-        when missing and ``generate_dataset``, generated on first use for Pendulum-v1 — seconds, analytic
-        controller —, otherwise ``litlab data d4rl`` makes it); ``num_demos``/``subsampling_rate``/
-        ``subsampling_offset`` keep the first episodes and every n-th transition from a random (or given) offset
-        (expert demos); ``iql_reward_norm`` multiplies ``reward_scale`` by 1000 / (max − min episode return of the
-        offline data), IQL's locomotion preprocessing (Kostrikov et al., "Offline Reinforcement Learning with
-        Implicit Q-Learning", arXiv 2110.06169, App. B), for offline and online rewards alike; ``env_seed``
-        defaults to ``seed_everything``'s seed."""
+        """``dataset_path`` (a D4RL/Minari HDF5 file) or ``dataset_level``
+        (``<cache>/d4rl/<env>-<level>.hdf5``; when missing and ``generate_dataset``, generated on first use
+        for Pendulum-v1 — seconds, analytic controller —, otherwise ``litlab data d4rl`` makes it);
+        ``num_demos``/``subsampling_rate``/``subsampling_offset`` keep the first episodes and every n-th
+        transition from a random (or given) offset (expert demos); ``iql_reward_norm`` multiplies
+        ``reward_scale`` by 1000 / (max − min episode return of the offline data), IQL's locomotion
+        preprocessing (Kostrikov et al., "Offline Reinforcement Learning with Implicit Q-Learning", arXiv
+        2110.06169, App. B), for offline and online rewards alike; ``env_seed`` defaults to
+        ``seed_everything``'s seed."""
         super().__init__()
         self.save_hyperparameters()
         check_env_available(env_id)

@@ -1,13 +1,13 @@
-"""D4RL-layout HDF5 files: writer, one reader for D4RL files and Minari data sets, and where the cache keeps them.
+"""D4RL-layout HDF5 files: writer, one reader for D4RL files and Minari data sets, and their cache paths.
 
-The layout is D4RL's (Fu et al., "D4RL: Datasets for Deep Data-Driven Reinforcement Learning", arXiv 2004.07219;
-the ``d4rl`` package's ``offline_env.py``).
+The layout is D4RL's (Fu et al., "D4RL: Datasets for Deep Data-Driven Reinforcement Learning", arXiv
+2004.07219; the ``d4rl`` package's ``offline_env.py``).
 
 D4RL v2 keys: ``observations`` [N, d_s] f32, ``actions`` [N, d_a] f32, ``next_observations`` [N, d_s] f32,
 ``rewards`` [N] f32, ``terminals`` [N] bool, ``timeouts`` [N] bool, ``infos/*``, ``metadata/*``. ``terminals``
 is true termination; ``timeouts`` is time-limit truncation (bootstrapped). Minari files (``main_data.hdf5``,
-one group ``episode_<i>`` per episode with T+1 observations, ``terminations``/``truncations``) are converted to
-the same flat arrays on load, so real D4RL/Minari data run the same configs unchanged.
+one group ``episode_<i>`` per episode with T+1 observations, ``terminations``/``truncations``) are converted
+to the same flat arrays on load, so real D4RL/Minari data run the same configs unchanged.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""D4RL-layout data sets written from policies on this machine (no downloads): rollouts, the cheap analytic route
-for Pendulum-v1 that the data module runs on first use, and the measured reference returns.
+"""D4RL-layout data sets written from policies on this machine (no downloads): rollouts, the cheap analytic
+route for Pendulum-v1 that the data module runs on first use, and the measured reference returns.
 
 Levels follow D4RL (arXiv 2004.07219): ``random``, ``medium`` (a policy at ≈ 1/3 of the expert return),
 ``medium-replay``, ``expert``, ``medium-expert`` (medium ∪ expert). The ``analytic`` route (Pendulum-v1 only,
-seconds, deterministic) takes an energy-pumping swing-up + PD controller as expert (return ≈ −137); medium = the
-same controller with actions replaced by uniform-random ones with probability 0.8 plus N(0, 0.1) noise;
+seconds, deterministic) takes an energy-pumping swing-up + PD controller as expert (return ≈ −137); medium =
+the same controller with actions replaced by uniform-random ones with probability 0.8 plus N(0, 0.1) noise;
 medium-replay = random-action probability falling from 1.0 to 0.8 over 20 episodes. The SAC route (any env,
-hours on CPU for MuJoCo) needs the RL family's SAC agent: it lives in ``litlab.lit_modules.rl.factory`` and runs
-through ``litlab data d4rl``.
+hours on CPU for MuJoCo) needs the RL family's SAC agent: it lives in ``litlab.lit_modules.rl.factory`` and
+runs through ``litlab data d4rl``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ ANALYTIC_ENVS = ("Pendulum-v1",)
 
 
 def pendulum_swingup(obs: torch.Tensor) -> torch.Tensor:
-    """Energy pumping far from the top, PD control near it. Obs [B, 3] = (cos θ, sin θ, θ̇) -> action [B, 1] in [−1, 1]
-    (torque / 2). Pendulum-v1: θ̈ = 15 sin θ + 3u, so E = θ̇²/2 + 15 (cos θ − 1) has dE/dt = 3 u θ̇."""
+    """Energy pumping far from the top, PD control near it. Obs [B, 3] = (cos θ, sin θ, θ̇) -> action [B, 1]
+    in [−1, 1] (torque / 2). Pendulum-v1: θ̈ = 15 sin θ + 3u, so E = θ̇²/2 + 15 (cos θ − 1) has
+    dE/dt = 3 u θ̇."""
     c, s, td = obs[:, 0], obs[:, 1], obs[:, 2]
     theta = torch.atan2(s, c)
     energy = 0.5 * td**2 + 15 * (c - 1)
@@ -53,8 +54,8 @@ def noisy(policy: Policy, random_prob: float, noise_std: float, rng: np.random.G
 def rollout(
     policy: Policy | list[Policy], env_id: str, n_transitions: int, seed: int, env_kwargs: dict | None = None
 ) -> dict[str, np.ndarray]:
-    """Roll ``policy`` (or one policy per episode, cycling) for ``n_transitions`` steps in D4RL layout; the last
-    episode is cut with ``timeouts = True``. Episode i is reset with seed ``seed + i``."""
+    """Roll ``policy`` (or one policy per episode, cycling) for ``n_transitions`` steps in D4RL layout; the
+    last episode is cut with ``timeouts = True``. Episode i is reset with seed ``seed + i``."""
     env = make_env(env_id, **(env_kwargs or {}))
     policies = policy if isinstance(policy, list) else [policy]
     rows: dict[str, list] = {
@@ -151,9 +152,8 @@ def write_level(
             "level": level,
         },
     )
-    log(
-        f"wrote {path}: {len(data['observations'])} transitions, mean episode return {np.nanmean(returns):.1f}"
-    )
+    n = len(data["observations"])
+    log(f"wrote {path}: {n} transitions, mean episode return {np.nanmean(returns):.1f}")
     if level == "expert":
         expert_ret = float(np.nanmean(returns)) if expert_return is None else expert_return
         record_refs(env_id, random_return(env_id, ref_episodes), expert_ret)

@@ -57,7 +57,8 @@ def make_env(env_id: str, terminate_when_unhealthy: bool | None = None, **kwargs
             f"{env_id} has a {type(env.action_space).__name__} action space; only Box is supported"
         )
     shape = env.action_space.shape
-    # callers clip to [-1, 1] (gymnasium's ClipAction would make the space unbounded, which RescaleAction refuses)
+    # callers clip to [-1, 1] (gymnasium's ClipAction would make the space unbounded, which RescaleAction
+    # refuses)
     return gym.wrappers.RescaleAction(env, np.full(shape, -1, np.float32), np.full(shape, 1, np.float32))
 
 
@@ -66,8 +67,8 @@ def env_dims(env: gym.Env) -> tuple[int, int]:
 
 
 class Collector:
-    """Steps one training env and pushes ``(s, a, r, s', terminal)`` into a replay buffer; time-limit truncation
-    is not a termination. ``obs_scale`` divides observations elementwise (fixed input scaling)."""
+    """Steps one training env and pushes ``(s, a, r, s', terminal)`` into a replay buffer; time-limit
+    truncation is not a termination. ``obs_scale`` divides observations elementwise (fixed input scaling)."""
 
     def __init__(
         self,
@@ -93,7 +94,8 @@ class Collector:
         return self.scale(obs)
 
     def step(self, policy: Policy | None) -> dict[str, float]:
-        """One env step with ``policy`` (``None``: uniform random actions). Returns episode info when one ends."""
+        """One env step with ``policy`` (``None``: uniform random actions). Returns episode info when one
+        ends."""
         if policy is None:
             act = torch.as_tensor(self.env.action_space.sample(), dtype=torch.float32)
         else:
@@ -125,7 +127,8 @@ class Collector:
         }
 
     def load_state_dict(self, state: dict[str, float | int]) -> None:
-        """The env itself cannot be checkpointed: a resumed run starts a fresh episode (seeded by the step count)."""
+        """The env itself cannot be checkpointed: a resumed run starts a fresh episode (seeded by the step
+        count)."""
         self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
         self.last_episode_return = float(state["last_episode_return"])
         self.episode_return = 0.0

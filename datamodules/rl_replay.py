@@ -1,5 +1,5 @@
-"""A tensor replay buffer (ring) whose ``state_dict`` is plain tensors and ints, so it travels inside a Lightning
-checkpoint loaded with ``weights_only=True``."""
+"""A tensor replay buffer (ring) whose ``state_dict`` is plain tensors and ints, so it travels inside a
+Lightning checkpoint loaded with ``weights_only=True``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``litlab data d4rl``: write a D4RL-layout HDF5 data set from a policy trained (or written) locally — no download.
+"""``litlab data d4rl``: write a D4RL-layout HDF5 data set from a policy trained (or written) locally — no
+download.
 
     litlab data d4rl --env Pendulum-v1 --level medium            # seconds (analytic controller)
     litlab data d4rl --env Hopper-v4 --level medium --n 100000   # SAC trained here (hours on CPU; GPU users)

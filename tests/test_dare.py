@@ -231,8 +231,8 @@ def test_bad_arguments_are_named():
 # ---- mechanism, effect (Pendulum, minutes) ---------------------------------------------
 @pytest.fixture(scope="module")
 def pendulum_mechanism(tmp_path_factory):
-    """Per online step of the quick config, seed 0: env_steps, μ_on − μ_off, off→relaxed, on→constrained moves,
-    share of online-origin samples labelled constrained."""
+    """Per online step of the quick config, seed 0: env_steps, μ_on − μ_off, off→relaxed, on→constrained
+    moves, share of online-origin samples labelled constrained."""
     from litlab.cli import LitlabCLI
 
     cli = LitlabCLI(

@@ -135,8 +135,8 @@ def _batches(seed=0):
 
 def test_adversarial_step_direction_and_red_ignores_agent():
     """One predictor step (Adam, lr 1e-3) raises h on agent inputs and widens the agent-expert gap; the expert
-    term alone lowers h on expert inputs. (The spec's stronger form — the joint step also lowers expert h — does
-    not hold at initialisation: expert and agent gradients are aligned through the output scale, measured
+    term alone lowers h on expert inputs. (The spec's stronger form — the joint step also lowers expert h —
+    does not hold at initialisation: expert and agent gradients are aligned through the output scale, measured
     Δh_expert = +1e-7..+1e-6 with SGD; see the closing note.)"""
     torch.manual_seed(0)
     expert, agent = _batches()
@@ -242,7 +242,8 @@ def test_effect_ngt_beats_red_from_20_transitions():
 
 
 def test_running_obs_normaliser_path_and_state_only_input():
-    """Full-scale configs use ``obs_norm`` (shared running mean/std) and the ``ss`` variant uses x = [s; s']."""
+    """Full-scale configs use ``obs_norm`` (shared running mean/std) and the ``ss`` variant uses x = [s;
+    s']."""
     from litlab.datamodules.rl import RLDataModule
 
     L.seed_everything(1, verbose=False)

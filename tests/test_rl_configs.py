@@ -1,5 +1,5 @@
-"""Every RL config builds: quick variants smoke-run (fast_dev_run); full-scale configs stop at once, saying what
-is missing (MuJoCo, or the locally generated D4RL-layout data set), when it is missing."""
+"""Every RL config builds: quick variants smoke-run (fast_dev_run); full-scale configs stop at once, saying
+what is missing (MuJoCo, or the locally generated D4RL-layout data set), when it is missing."""
 
 from pathlib import Path
 

@@ -230,8 +230,8 @@ def test_loop_benchmark_runs_both_loops():
 
 
 def test_sac_route_of_the_data_factory(tmp_path):
-    """The route used for MuJoCo tasks (SAC trained here, medium = first snapshot at 1/3 of the expert return),
-    exercised on Pendulum with a tiny budget: the pipeline, not the policy quality."""
+    """The route used for MuJoCo tasks (SAC trained here, medium = first snapshot at 1/3 of the expert
+    return), exercised on Pendulum with a tiny budget: the pipeline, not the policy quality."""
     path = make_dataset(
         "Pendulum-v1",
         "medium-replay",
@@ -245,3 +245,85 @@ def test_sac_route_of_the_data_factory(tmp_path):
     data = load_dataset(path)
     assert len(data["observations"]) <= 300 and data["timeouts"][-1]
     assert "SAC" in read_metadata(path)["algorithm"]
+
+
+def test_replay_last_row_is_the_latest_add():
+    buf = ReplayBuffer(2, 1, capacity=3)
+    with pytest.raises(RuntimeError, match="empty"):
+        buf.last()
+    for i in range(5):  # wraps around the ring
+        buf.add(obs=[i, -i], act=[0.0], rew=float(i), next_obs=[i, i], terminal=0.0)
+    assert buf.last()["obs"].tolist() == [4.0, -4.0] and buf.last()["rew"].item() == 4.0
+
+
+def test_rl_data_contract_names_the_class_and_the_missing_member():
+    import lightning as L
+
+    from litlab.datamodules.rl import RLDataModule
+    from litlab.lit_modules.core.errors import ContractError
+    from litlab.lit_modules.rl.contract import check_rl_data
+    from litlab.lit_modules.rl.ngt import BehaviorCloning
+
+    class HalfData:
+        env_id, obs_dim, act_dim = "Pendulum-v1", 3, 1
+
+    with pytest.raises(ContractError, match=r"HalfData lacks 'obs_scale', which DARE needs"):
+        check_rl_data(HalfData(), needs_offline=True, user="DARE")
+    online_only = RLDataModule(env_id="Pendulum-v1", dataset_level=None, n_offline_steps=3, n_online_steps=0)
+    online_only.setup("fit")
+    check_rl_data(online_only, needs_offline=False, user="OnlineSAC")
+    with pytest.raises(ContractError, match="RLDataModule holds no offline data"):
+        check_rl_data(online_only, needs_offline=True, user="BehaviorCloning")
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with pytest.raises(ContractError, match="BehaviorCloning needs some"):
+        trainer.fit(BehaviorCloning(hidden=(8, 8)), online_only)
+
+
+def test_the_one_private_lightning_name_the_family_reads():
+    """``RLEvalCallback`` logs at ``fit_loop.epoch_loop._batches_that_stepped`` (no public name holds the
+    logging step): this fails loudly when a Lightning release renames or changes it."""
+    import lightning as L
+
+    from litlab.callbacks.rl_eval import logged_step
+    from litlab.datamodules.rl import RLDataModule
+    from litlab.lit_modules.rl.ngt import BehaviorCloning
+
+    dm = RLDataModule(
+        env_id="Pendulum-v1", dataset_level="expert", num_demos=1, n_offline_steps=7, n_online_steps=0
+    )
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(BehaviorCloning(hidden=(8, 8), batch_size=8), dm)
+    assert logged_step(trainer) == 7 == dm.iteration
+
+
+def test_missing_data_set_without_an_analytic_route_names_the_command(tmp_path, monkeypatch):
+    from litlab.datamodules.rl import RLDataModule
+    from litlab.lit_modules.core.errors import DatasetUnavailableError
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path))
+    with pytest.raises(
+        DatasetUnavailableError, match="litlab data d4rl --env MountainCarContinuous-v0 --level medium"
+    ):
+        RLDataModule(env_id="MountainCarContinuous-v0", dataset_level="medium", generate_dataset=True)
+
+
+def test_litlab_bench_rl_loop_entry_point(capsys):
+    from litlab.bench import main
+
+    args = ["rl_loop", "--steps", "30", "--rounds", "1", "--hidden", "8", "8", "--batch-size", "8"]
+    assert main(args) == 0
+    assert '"overhead_ratio_cpu_median"' in capsys.readouterr().out

@@ -1,5 +1,5 @@
-"""An RL run killed with SIGKILL in its online phase resumes from last.ckpt with its replay buffer, iteration and
-env-step counters (the online phase continues; it does not restart from zero)."""
+"""An RL run killed with SIGKILL in its online phase resumes from last.ckpt with its replay buffer, iteration
+and env-step counters (the online phase continues; it does not restart from zero)."""
 
 import csv
 import json

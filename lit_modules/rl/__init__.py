@@ -1,2 +1,3 @@
-"""Shared RL core for litlab's RL methods (DARE, NGT): networks, SAC/IQL losses, replay buffer, environments,
-D4RL-layout HDF5 I/O, score normalisation and the local data-set factory. One copy, imported by every method."""
+"""The RL family (DARE, NGT): networks, SAC/IQL losses, behaviour models and the random-prior potential, score
+normalisation, the SAC route of the data factory, the report hooks, and ``contract.py`` — the one module that
+reaches the data side (replay buffer, envs, D4RL-layout files live in ``litlab.datamodules``)."""

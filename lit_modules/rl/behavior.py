@@ -1,5 +1,5 @@
-"""Behaviour models fitted on the offline data (DARE, arXiv 2511.03828): a tanh-Gaussian (density, cheap) and a
-small conditional DDPM (Ho et al., arXiv 2006.11239; ε-prediction, T denoising steps), the paper's family,
+"""Behaviour models fitted on the offline data (DARE, arXiv 2511.03828): a tanh-Gaussian (density, cheap) and
+a small conditional DDPM (Ho et al., arXiv 2006.11239; ε-prediction, T denoising steps), the paper's family,
 without its energy guidance."""
 
 from __future__ import annotations

@@ -3,9 +3,10 @@ imports ``litlab.datamodules``.
 
 It re-exports the data-side pieces the family uses (the replay buffer, the env factory and collector, the
 D4RL-layout files and the analytic data sets) and states, as the ``RLData`` protocol, what DARE, NGT,
-BehaviorCloning and ``RLEvalCallback`` read from ``trainer.datamodule``. A method calls ``check_rl_data`` once in
-its ``setup()``: a datamodule that lacks a member fails there, naming the member and its class, instead of
-deep inside the first training step. ``litlab.datamodules.rl.RLDataModule`` is the implementation shipped here.
+BehaviorCloning and ``RLEvalCallback`` read from ``trainer.datamodule``. A method calls ``check_rl_data`` once
+in its ``setup()``: a datamodule that lacks a member fails there, naming the member and its class, instead of
+deep inside the first training step. ``litlab.datamodules.rl.RLDataModule`` is the implementation shipped
+here.
 """
 
 from __future__ import annotations
@@ -67,11 +68,13 @@ Batch = dict[str, torch.Tensor]  # obs [n, d_s], act [n, d_a], rew [n], next_obs
 
 
 class RLData(Protocol):
-    """The datamodule of an RL run, as the family's modules and ``RLEvalCallback`` use it (after its ``setup``).
+    """The datamodule of an RL run, as the family's modules and ``RLEvalCallback`` use it (after its
+    ``setup``).
 
     The loop is driven by a loader of iteration indices ``0 .. total_iterations − 1``: iterations below
     ``n_offline_steps`` are offline (no env step), the rest online. The module steps the training env itself
-    (``collect``) and calls ``finish_iteration(idx)`` when an iteration is done; ``iteration`` is that counter.
+    (``collect``) and calls ``finish_iteration(idx)`` when an iteration is done; ``iteration`` is that
+    counter.
     """
 
     # the env and its spaces
@@ -120,9 +123,9 @@ OFFLINE_MEMBERS = ("offline_size", "sample_offline")
 
 
 def check_rl_data(dm: object, needs_offline: bool, user: str) -> RLData:
-    """``dm`` as ``RLData``, checked once (after the datamodule's ``setup``): ``ContractError`` naming ``dm``'s
-    class and the first member it lacks (the offline members only when ``needs_offline``), or saying that it
-    holds no offline data when ``user`` needs some."""
+    """``dm`` as ``RLData``, checked once (after the datamodule's ``setup``): ``ContractError`` naming
+    ``dm``'s class and the first member it lacks (the offline members only when ``needs_offline``), or saying
+    that it holds no offline data when ``user`` needs some."""
     members = [m for m in protocol_members(RLData) if needs_offline or m not in OFFLINE_MEMBERS]
     check_protocol(dm, RLData, user, members)
     if needs_offline and dm.offline_size == 0:

@@ -1,18 +1,19 @@
 """DARE — Dynamic Alignment for RElaxation (offline-to-online RL), on IQL.
 
-"From Static Constraints to Dynamic Adaptation: Sample-Level Constraint Release/Relaxation for Offline-to-Online
-RL" (ICML 2026; arXiv 2511.03828, v1 titled "... via Energy-Guided Diffusion Stratification"). Only the abstracts
-and the opening of v1 could be read; the details below come from the public reviews of the ICLR 2026 submission
-of the same work (OpenReview lgL9xSFt11), which quote its alignment score (their Eq. 7), the per-origin Gaussian
-fits (their Sec. 5.3) and the fixed entropy coefficient. The base algorithm is IQL (Kostrikov et al., "Offline
-Reinforcement Learning with Implicit Q-Learning", arXiv 2110.06169), with CORL's update order.
+"From Static Constraints to Dynamic Adaptation: Sample-Level Constraint Release/Relaxation for
+Offline-to-Online RL" (ICML 2026; arXiv 2511.03828, v1 titled "... via Energy-Guided Diffusion
+Stratification"). Only the abstracts and the opening of v1 could be read; the details below come from the
+public reviews of the ICLR 2026 submission of the same work (OpenReview lgL9xSFt11), which quote its alignment
+score (their Eq. 7), the per-origin Gaussian fits (their Sec. 5.3) and the fixed entropy coefficient. The base
+algorithm is IQL (Kostrikov et al., "Offline Reinforcement Learning with Implicit Q-Learning", arXiv
+2110.06169), with CORL's update order.
 
-Per sample and per gradient step, DARE decides whether IQL's conservative AWR actor loss is kept (offline-like,
-m = 1) or relaxed to an SAC-style actor loss with a fixed entropy coefficient (online-like, m = 0): every
-sample's action is scored against a frozen behaviour model fitted on the offline data (``align``), one Gaussian
-is fitted to the scores of each origin (``fit_gaussians``, ``posterior_online``), and the posterior "exchanges"
-behaviour-inconsistent offline samples into the relaxed subset and behaviour-consistent online samples into the
-constrained one (``exchange``).
+Per sample and per gradient step, DARE decides whether IQL's conservative AWR actor loss is kept
+(offline-like, m = 1) or relaxed to an SAC-style actor loss with a fixed entropy coefficient (online-like,
+m = 0): every sample's action is scored against a frozen behaviour model fitted on the offline data
+(``align``), one Gaussian is fitted to the scores of each origin (``fit_gaussians``, ``posterior_online``),
+and the posterior "exchanges" behaviour-inconsistent offline samples into the relaxed subset and
+behaviour-consistent online samples into the constrained one (``exchange``).
 
 The baselines are the same objective with another mask: ``mask_mode="constrained"`` (m ≡ 1) is IQL-O2O,
 ``mask_mode="origin"`` (m = origin, i.e. τ_x = 1) is the binary offline/online split.
@@ -131,9 +132,9 @@ class BehaviorModel:
 
 @config_part
 class Relaxation:
-    """DARE's sample-level rule: the alignment score (``align_mode``, K reference actions, σ_d), the per-origin
-    Gaussian fits (optionally an EMA over batches), the exchange (``hard`` at threshold τ_x, or ``stochastic``)
-    and the fixed entropy coefficient α_ent of the relaxed (SAC-style) actor loss."""
+    """DARE's sample-level rule: the alignment score (``align_mode``, K reference actions, σ_d), the
+    per-origin Gaussian fits (optionally an EMA over batches), the exchange (``hard`` at threshold τ_x, or
+    ``stochastic``) and the fixed entropy coefficient α_ent of the relaxed (SAC-style) actor loss."""
 
     align_mode: Literal["gaussian_kl", "softmax_kl", "nll"] = "gaussian_kl"
     align_k: int = 1
@@ -146,8 +147,8 @@ class Relaxation:
 
 @config_part
 class IQLSettings:
-    """IQL (arXiv 2110.06169): expectile τ_e of the value loss, inverse temperature β of AWR, discount γ, Polyak
-    rate of the target critic (MuJoCo defaults)."""
+    """IQL (arXiv 2110.06169): expectile τ_e of the value loss, inverse temperature β of AWR, discount γ,
+    Polyak rate of the target critic (MuJoCo defaults)."""
 
     expectile: float = 0.7
     beta: float = 3.0
@@ -157,7 +158,8 @@ class IQLSettings:
 
 @config_part
 class Optim:
-    """Adam learning rates and the rows per gradient step from each buffer (N = N_off + N_on; Cal-QL's 0.5 mix)."""
+    """Adam learning rates and the rows per gradient step from each buffer (N = N_off + N_on; Cal-QL's 0.5
+    mix)."""
 
     lr_actor: float = 3e-4
     lr_critic: float = 3e-4

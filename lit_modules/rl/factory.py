@@ -1,7 +1,7 @@
 """The SAC route of the local D4RL-style data factory: a plain-PyTorch SAC (``SACAgent``) trained here, its
 snapshots rolled out into D4RL-layout HDF5 files — no downloads. ``litlab data d4rl`` is its command line; the
-analytic Pendulum route and the file layout are data-side (``litlab.datamodules.rl_datasets``), reached through
-the family's contract.
+analytic Pendulum route and the file layout are data-side (``litlab.datamodules.rl_datasets``), reached
+through the family's contract.
 
 Levels (D4RL's definitions, arXiv 2004.07219): ``random`` = the untrained SAC policy, ``expert`` = the last
 policy, ``medium`` = the first snapshot (evaluated every ``eval_every`` steps) whose return reaches
@@ -47,7 +47,8 @@ def train_sac(
     eval_episodes: int = 5,
     log=print,
 ) -> dict:
-    """Plain-PyTorch SAC (UTD 1). Returns snapshots ``[(step, return, actor state)]`` and the replay buffer."""
+    """Plain-PyTorch SAC (UTD 1). Returns snapshots ``[(step, return, actor state)]`` and the replay
+    buffer."""
     torch.manual_seed(seed)
     env = make_env(env_id)
     obs_dim, act_dim = env_dims(env)
@@ -99,8 +100,8 @@ def make_dataset(
     log=print,
     ref_episodes: int = 100,
 ) -> Path:
-    """Generate ``<env>-<level>.hdf5`` (and the ``expert`` level's reference returns) under ``out`` or the cache:
-    ``policy="auto"`` is the analytic controller where one exists (Pendulum-v1), SAC otherwise."""
+    """Generate ``<env>-<level>.hdf5`` (and the ``expert`` level's reference returns) under ``out`` or the
+    cache: ``policy="auto"`` is the analytic controller where one exists (Pendulum-v1), SAC otherwise."""
     if level not in LEVELS:
         raise ValueError(f"level={level!r} is not one of {LEVELS}")
     policy = ("analytic" if env_id in ANALYTIC_ENVS else "sac") if policy == "auto" else policy

@@ -1,5 +1,5 @@
-"""IQL (Kostrikov et al., "Offline Reinforcement Learning with Implicit Q-Learning", arXiv 2110.06169, Eqs. 5–7)
-losses, per sample where DARE needs them."""
+"""IQL (Kostrikov et al., "Offline Reinforcement Learning with Implicit Q-Learning", arXiv 2110.06169, Eqs.
+5–7) losses, per sample where DARE needs them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``RLModule``: what the family's LightningModules share — the datamodule read through the ``RLData`` contract
-(checked once in ``setup``) and networks built once for the env's dimensions."""
+"""``RLModule``: what the family's LightningModules share — the datamodule read through the ``RLData``
+contract (checked once in ``setup``) and networks built once for the env's dimensions."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from litlab.lit_modules.rl.contract import RLData, check_rl_data
 
 
 class RLModule(L.LightningModule):
-    """Subclasses implement ``build(obs_dim, act_dim)`` (which sets ``self.dims``) and call it from ``__init__``
-    when both dims are given; otherwise ``setup`` builds for the datamodule's env."""
+    """Subclasses implement ``build(obs_dim, act_dim)`` (which sets ``self.dims``) and call it from
+    ``__init__`` when both dims are given; otherwise ``setup`` builds for the datamodule's env."""
 
     needs_offline: bool = True  # the module samples the offline data set
     dims: tuple[int, int] | None = None  # (obs_dim, act_dim) once the networks are built

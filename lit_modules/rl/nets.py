@@ -30,8 +30,9 @@ def mlp(
     orthogonal_gain: float | None = None,
     head_gain: float | None = None,
 ) -> nn.Sequential:
-    """``in -> hidden... -> out``. ``orthogonal_gain`` initialises hidden layers orthogonally (biases 0) and the head
-    with ``head_gain`` (default 1); spectral norm (1 power iteration per forward) wraps every linear layer."""
+    """``in -> hidden... -> out``. ``orthogonal_gain`` initialises hidden layers orthogonally (biases 0) and
+    the head with ``head_gain`` (default 1); spectral norm (1 power iteration per forward) wraps every linear
+    layer."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
     layers: list[nn.Module] = []
@@ -60,7 +61,8 @@ def leaky_relu_gain(slope: float = 0.2) -> float:
 
 
 class TanhGaussianActor(nn.Module):
-    """π(a|s) = tanh(N(μ(s), σ(s))); log σ = −5 + 3.5 (tanh(raw) + 1) ∈ [−5, 2] (NGT's code, bounded and smooth)."""
+    """π(a|s) = tanh(N(μ(s), σ(s))); log σ = −5 + 3.5 (tanh(raw) + 1) ∈ [−5, 2] (NGT's code, bounded and
+    smooth)."""
 
     def __init__(
         self,
@@ -145,7 +147,8 @@ class ValueNet(nn.Module):
 
 
 class RunningNorm(nn.Module):
-    """Running mean/std of observations (parallel-variance update); buffers, so it is saved with the checkpoint."""
+    """Running mean/std of observations (parallel-variance update); buffers, so it is saved with the
+    checkpoint."""
 
     def __init__(self, dim: int, clip: float = 10.0):
         super().__init__()

@@ -5,8 +5,8 @@ following its released code (github.com/lionelblonde/ngt, ``conf/base.yml``, ``s
 body could not be read. A frozen random prior f† and a trainable predictor f (both spectrally normalised,
 orthogonally initialised, so h is ≈ 1-Lipschitz) define h(x) = criterion(f(x), f†(x)); the predictor minimises
 E_expert[h] − λ_adv E_agent[h] (the Kantorovich–Rubinstein dual of W1, no gradient penalty), and SAC (Haarnoja
-et al., arXiv 1801.01290) learns from the shaped reward r(h), recomputed for every replay batch with the current
-predictor.
+et al., arXiv 1801.01290) learns from the shaped reward r(h), recomputed for every replay batch with the
+current predictor.
 
 Baselines from the same objective: ``adv_scale=0`` is RED (random expert distillation, Wang et al., arXiv
 1905.06750: the agent batch gives no gradient); ``BehaviorCloning`` fits the policy to the expert transitions
@@ -51,9 +51,9 @@ class RewardModel:
 @config_part
 class SACSettings:
     """The SAC learner: actor and twin critics of widths ``hidden`` (LayerNorm + SiLU, head gain 1e-3, as the
-    code), learning rates, initial temperature α₀, discount, Polyak rate, gradient-norm clip of actor and critic,
-    and ``obs_norm`` (running mean/std of observations shared by reward nets, actor and critics: the code's
-    default; the CPU config scales inputs by fixed ranges instead, data.obs_scale)."""
+    code), learning rates, initial temperature α₀, discount, Polyak rate, gradient-norm clip of actor and
+    critic, and ``obs_norm`` (running mean/std of observations shared by reward nets, actor and critics: the
+    code's default; the CPU config scales inputs by fixed ranges instead, data.obs_scale)."""
 
     hidden: tuple[int, ...] = (256, 256)
     actor_lr: float = 1e-4
@@ -68,8 +68,8 @@ class SACSettings:
 
 @config_part
 class Schedule:
-    """Agent rows per batch, expert rows per reward step (at most the expert set's size), and the uniform-random
-    env steps before learning starts."""
+    """Agent rows per batch, expert rows per reward step (at most the expert set's size), and the
+    uniform-random env steps before learning starts."""
 
     batch_size: int = 256
     expert_batch_size: int = 256

@@ -1,6 +1,6 @@
-"""NGT's reward nets (arXiv 2509.26294 and its released code, ``src/agents/nets.py``): a frozen random prior f†,
-a trainable predictor f, the potential h(x) = criterion(f(x), f†(x)) (Huber, or HL-Gauss: Imani & White 2018;
-Farebrother et al., arXiv 2403.03950), and the reward shapings exp / symexp / linear."""
+"""NGT's reward nets (arXiv 2509.26294 and its released code, ``src/agents/nets.py``): a frozen random prior
+f†, a trainable predictor f, the potential h(x) = criterion(f(x), f†(x)) (Huber, or HL-Gauss: Imani & White
+2018; Farebrother et al., arXiv 2403.03950), and the reward shapings exp / symexp / linear."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ class RandomPriorPotential(nn.Module):
         self.hlg_bins, self.hlg_sigma = hlg_bins, hlg_sigma_ratio * 2 * hlg_radius / hlg_bins
 
     def potential(self, x: torch.Tensor) -> torch.Tensor:
-        """h(x) [B, 1]: (1/m) Σ_k Huber_δ=1(f_k(x) − f†_k(x)), or (1/m) Σ_k CE(logits_·k, p_·k) for HL-Gauss."""
+        """h(x) [B, 1]: (1/m) Σ_k Huber_δ=1(f_k(x) − f†_k(x)), or (1/m) Σ_k CE(logits_·k, p_·k) for
+        HL-Gauss."""
         with torch.no_grad():
             y = self.prior(x)
         out = self.predictor(x)
@@ -60,9 +61,9 @@ class RandomPriorPotential(nn.Module):
 
 
 class RewardShaper(nn.Module):
-    """r(h): ``exp`` = exp(−h) ∈ (0, 1]; ``symexp`` (released code's default) = −sign(u)(e^|u| − 1) clipped to ±5 with
-    u = (h − q50) / max(q95 − q05, 1e-10) from EMAs (rate 0.001) of batch quantiles, read *before* this batch
-    updates them; ``linear`` = −u clipped to ±5."""
+    """r(h): ``exp`` = exp(−h) ∈ (0, 1]; ``symexp`` (released code's default) = −sign(u)(e^|u| − 1) clipped to
+    ±5 with u = (h − q50) / max(q95 − q05, 1e-10) from EMAs (rate 0.001) of batch quantiles, read *before*
+    this batch updates them; ``linear`` = −u clipped to ±5."""
 
     def __init__(self, mode: str = "symexp", ema_rate: float = 0.001, clip: float = 5.0):
         super().__init__()

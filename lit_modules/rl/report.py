@@ -1,6 +1,6 @@
-"""The RL family's ``litlab repro`` report hooks (``report_hook: litlab.lit_modules.rl.report:<slug>_report``):
-learning curves — an eval metric against ``env_steps`` for every card entry, mean over seeds — and derived
-numbers read from each run's ``summary.json``."""
+"""The RL family's ``litlab repro`` report hooks (``report_hook:
+litlab.lit_modules.rl.report:<slug>_report``): learning curves — an eval metric against ``env_steps`` for
+every card entry, mean over seeds — and derived numbers read from each run's ``summary.json``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from litlab.lit_modules.core.results import CardResult, ReportExtras
 
 
 def read_eval_curve(run_dir: str | Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """(env_steps, metric) rows of all csv attempts of a run where ``metric`` was logged (last value per step)."""
+    """(env_steps, metric) rows of all csv attempts of a run where ``metric`` was logged (last value per
+    step)."""
     points: dict[float, tuple[float, float]] = {}
     for path in sorted(Path(run_dir).glob("csv/version_*/metrics.csv")):
         with open(path) as f:
@@ -31,7 +32,8 @@ def plot_learning_curves(
     result: CardResult, out_dir: str | Path, metric: str, extra_numbers: tuple[str, ...] = ()
 ) -> ReportExtras:
     """``<slug>_curves.png`` (``metric`` against env steps, mean and min–max band over seeds, one line per
-    distinct set of runs) and ``<run>:<extra>`` = the mean over seeds of each ``extra_numbers`` summary metric."""
+    distinct set of runs) and ``<run>:<extra>`` = the mean over seeds of each ``extra_numbers`` summary
+    metric."""
     import matplotlib
 
     matplotlib.use("Agg")

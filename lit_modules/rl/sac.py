@@ -1,6 +1,7 @@
-"""SAC losses (Haarnoja et al. 2018), written once and used by every RL module and by the plain-PyTorch loop of
-the data factory. Each function returns a loss; callers own the optimisers (manual optimisation in Lightning,
-``SACAgent.update`` in plain PyTorch), and recompute each loss after the previous optimiser step."""
+"""SAC losses (Haarnoja et al. 2018), written once and used by every RL module and by the plain-PyTorch loop
+of the data factory. Each function returns a loss; callers own the optimisers (manual optimisation in
+Lightning, ``SACAgent.update`` in plain PyTorch), and recompute each loss after the previous optimiser
+step."""
 
 from __future__ import annotations
 

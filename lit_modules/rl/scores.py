@@ -1,7 +1,7 @@
-"""Score normalisation: D4RL's reference returns for the MuJoCo tasks (``d4rl.infos``; D4RL, arXiv 2004.07219),
-NGT's random/expert returns (``src/helpers/baselines.json`` of the released code of arXiv 2509.26294), and
-measured random/expert returns for toy tasks (``ref_scores.json`` beside this file, extended by
-``litlab data d4rl`` under the cache)."""
+"""Score normalisation: D4RL's reference returns for the MuJoCo tasks (``d4rl.infos``; D4RL, arXiv
+2004.07219), NGT's random/expert returns (``src/helpers/baselines.json`` of the released code of arXiv
+2509.26294), and measured random/expert returns for toy tasks (``ref_scores.json`` beside this file, extended
+by ``litlab data d4rl`` under the cache)."""
 
 from __future__ import annotations
 
