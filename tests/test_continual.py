@@ -242,3 +242,27 @@ def test_text_config_runs_janus_on_a_pretrained_tiny_gpt(tmp_path):
     metrics = json.loads((cli.run_dir / "summary.json").read_text())["metrics"]
     assert metrics["cl/violation_max"] < 1e-9 and metrics["cl/acc"] > 0.1
     assert (cli.run_dir / "accuracy_matrix.png").exists()
+
+
+def test_backbone_pretraining_runs_on_one_thread_and_restores_the_count(tmp_path, monkeypatch):
+    """The recorded cards' TinyViT was pre-trained on one thread; more threads round differently and 30 epochs
+    make that another backbone, so pre-training pins one thread whatever the process uses."""
+    from litlab.lit_modules.continual import backbones
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path))
+    seen = []
+    real_step = torch.optim.AdamW.step
+    monkeypatch.setattr(
+        torch.optim.AdamW,
+        "step",
+        lambda self, *a, **k: (seen.append(torch.get_num_threads()), real_step(self))[1],
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(
+        2
+    )  # the test session runs on one thread: show that pre-training does not inherit two
+    try:
+        backbones.pretrained_backbone(torch.rand(64, 1, 8, 8), "image", epochs=1)
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

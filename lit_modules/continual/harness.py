@@ -89,9 +89,8 @@ class SequentialLoRA(L.LightningModule):
         self.automatic_optimization = False
         self.adapted: dict[str, AdapterLinear] = {}
         self.task = -1
-        self._standalone_opt: torch.optim.Optimizer | None = (
-            None  # set by callers that step without a Trainer
-        )
+        # set by callers that step the module without a Trainer (benchmarks, tests)
+        self._standalone_opt: torch.optim.Optimizer | None = None
         self._task_end_callbacks: list[TaskEndCallback] = []
         self.register_buffer("proto_means", torch.zeros(0, width), persistent=False)
         self.register_buffer("proto_labels", torch.zeros(0, dtype=torch.long), persistent=False)
@@ -133,9 +132,8 @@ class SequentialLoRA(L.LightningModule):
                 )
         self.backbone.requires_grad_(False)
         self.adapted = self.inject(self.backbone)
-        if (
-            hp.factor_dtype == "float64"
-        ):  # exact-arithmetic witness of the subspace invariants on small models
+        # float64 factors: an exact-arithmetic witness of the subspace invariants on small models
+        if hp.factor_dtype == "float64":
             for layer in self.adapted.values():
                 for b in layer.branches.values():
                     for p in b.factors().values():
