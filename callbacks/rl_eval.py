@@ -14,8 +14,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from litlab.lit_modules.core.errors import ContractError
-from litlab.lit_modules.rl.contract import RLData, check_rl_data, evaluate
+from litlab.lit_modules.rl.contract import RLData, check_acting_module, check_rl_data, evaluate
 from litlab.lit_modules.rl.scores import normalized_score
 
 
@@ -60,10 +59,7 @@ class RLEvalCallback(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         check_rl_data(trainer.datamodule, needs_offline=False, user="RLEvalCallback")
-        if not callable(getattr(pl_module, "act", None)):
-            raise ContractError(
-                f"{type(pl_module).__name__} lacks 'act(obs, deterministic)', which RLEvalCallback needs"
-            )
+        check_acting_module(pl_module, user="RLEvalCallback")
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int

@@ -327,3 +327,14 @@ def test_litlab_bench_rl_loop_entry_point(capsys):
     args = ["rl_loop", "--steps", "30", "--rounds", "1", "--hidden", "8", "8", "--batch-size", "8"]
     assert main(args) == 0
     assert '"overhead_ratio_cpu_median"' in capsys.readouterr().out
+
+
+def test_eval_callback_names_a_module_without_act():
+    from litlab.lit_modules.core.errors import ContractError
+    from litlab.lit_modules.rl.contract import check_acting_module
+
+    class NoPolicy:
+        pass
+
+    with pytest.raises(ContractError, match="NoPolicy lacks 'act', which RLEvalCallback needs"):
+        check_acting_module(NoPolicy(), user="RLEvalCallback")

@@ -3,10 +3,10 @@ imports ``litlab.datamodules``.
 
 It re-exports the data-side pieces the family uses (the replay buffer, the env factory and collector, the
 D4RL-layout files and the analytic data sets) and states, as the ``RLData`` protocol, what DARE, NGT,
-BehaviorCloning and ``RLEvalCallback`` read from ``trainer.datamodule``. A method calls ``check_rl_data`` once
-in its ``setup()``: a datamodule that lacks a member fails there, naming the member and its class, instead of
-deep inside the first training step. ``litlab.datamodules.rl.RLDataModule`` is the implementation shipped
-here.
+BehaviorCloning and ``RLEvalCallback`` read from ``trainer.datamodule`` (and, as ``ActingModule``, what the
+callback needs from the module). A method calls ``check_rl_data`` once in its ``setup()``: a datamodule that
+lacks a member fails there, naming the member and its class, instead of deep inside the first training step.
+``litlab.datamodules.rl.RLDataModule`` is the implementation shipped here.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from litlab.lit_modules.core.errors import ContractError
 
 __all__ = [
     "ANALYTIC_ENVS",
+    "ActingModule",
     "LEVELS",
     "MUJOCO_ENVS",
     "Collector",
@@ -47,6 +48,7 @@ __all__ = [
     "RLData",
     "ReplayBuffer",
     "cached_refs_path",
+    "check_acting_module",
     "check_rl_data",
     "dataset_path",
     "env_dims",
@@ -119,6 +121,13 @@ class RLData(Protocol):
     def sample_offline(self, n: int, device: torch.device | str = "cpu") -> Batch: ...
 
 
+class ActingModule(Protocol):
+    """What ``RLEvalCallback`` needs from the LightningModule: its policy, on observations as the datamodule
+    scales them (``obs [B, d_s] -> action [B, d_a]`` in [−1, 1]; deterministic = the mode)."""
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor: ...
+
+
 OFFLINE_MEMBERS = ("offline_size", "sample_offline")
 
 
@@ -134,3 +143,9 @@ def check_rl_data(dm: object, needs_offline: bool, user: str) -> RLData:
             "data.init_args.dataset_level or data.init_args.dataset_path"
         )
     return dm  # type: ignore[return-value]
+
+
+def check_acting_module(module: object, user: str) -> ActingModule:
+    """``module`` as ``ActingModule``; ``ContractError`` naming its class when it has no ``act`` method."""
+    check_protocol(module, ActingModule, user)
+    return module  # type: ignore[return-value]
