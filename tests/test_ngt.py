@@ -135,9 +135,9 @@ def _batches(seed=0):
 
 def test_adversarial_step_direction_and_red_ignores_agent():
     """One predictor step (Adam, lr 1e-3) raises h on agent inputs and widens the agent-expert gap; the expert
-    term alone lowers h on expert inputs. (The spec's stronger form — the joint step also lowers expert h —
+    term alone lowers h on expert inputs. (The stronger form — the joint step also lowers expert h —
     does not hold at initialisation: expert and agent gradients are aligned through the output scale, measured
-    Δh_expert = +1e-7..+1e-6 with SGD; see the closing note.)"""
+    Δh_expert = +1e-7..+1e-6 with SGD.)"""
     torch.manual_seed(0)
     expert, agent = _batches()
     model = NGT(obs_dim=3, act_dim=1)
@@ -233,12 +233,12 @@ def test_rewards_are_recomputed_with_the_current_predictor():
 
 # ---- effect (Pendulum, 20 expert transitions, 2 seeds) ---------------------------------------
 @pytest.mark.slow
-def test_effect_ngt_beats_red_from_20_transitions():
+def test_effect_ngt_beats_red_from_20_transitions(tmp_path):
     from litlab.cards import load_card
     from litlab.repro import reproduce
 
-    res = reproduce(load_card(ROOT / "seeds/ngt.yaml"), "quick", out_root=ROOT / "runs/repro")
-    assert res["passed"], res["clauses"]  # wall times (spec: < 3 min CPU per run) are recorded in the card
+    result = reproduce(load_card(ROOT / "seeds/ngt.yaml"), "quick", out_root=tmp_path)
+    assert result.passed, result.clauses  # wall times (< 3 min CPU per run) are recorded in the card
 
 
 def test_running_obs_normaliser_path_and_state_only_input():

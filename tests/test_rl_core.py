@@ -247,6 +247,19 @@ def test_sac_route_of_the_data_factory(tmp_path):
     assert "SAC" in read_metadata(path)["algorithm"]
 
 
+def quiet_trainer():
+    import lightning as L
+
+    return L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
 def test_replay_last_row_is_the_latest_add():
     buf = ReplayBuffer(2, 1, capacity=3)
     with pytest.raises(RuntimeError, match="empty"):
@@ -257,8 +270,6 @@ def test_replay_last_row_is_the_latest_add():
 
 
 def test_rl_data_contract_names_the_class_and_the_missing_member():
-    import lightning as L
-
     from litlab.datamodules.rl import RLDataModule
     from litlab.lit_modules.core.errors import ContractError
     from litlab.lit_modules.rl.contract import check_rl_data
@@ -274,14 +285,7 @@ def test_rl_data_contract_names_the_class_and_the_missing_member():
     check_rl_data(online_only, needs_offline=False, user="OnlineSAC")
     with pytest.raises(ContractError, match="RLDataModule holds no offline data"):
         check_rl_data(online_only, needs_offline=True, user="BehaviorCloning")
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer()
     with pytest.raises(ContractError, match="BehaviorCloning needs some"):
         trainer.fit(BehaviorCloning(hidden=(8, 8)), online_only)
 
@@ -289,8 +293,6 @@ def test_rl_data_contract_names_the_class_and_the_missing_member():
 def test_the_one_private_lightning_name_the_family_reads():
     """``RLEvalCallback`` logs at ``fit_loop.epoch_loop._batches_that_stepped`` (no public name holds the
     logging step): this fails loudly when a Lightning release renames or changes it."""
-    import lightning as L
-
     from litlab.callbacks.rl_eval import logged_step
     from litlab.datamodules.rl import RLDataModule
     from litlab.lit_modules.rl.ngt import BehaviorCloning
@@ -298,14 +300,7 @@ def test_the_one_private_lightning_name_the_family_reads():
     dm = RLDataModule(
         env_id="Pendulum-v1", dataset_level="expert", num_demos=1, n_offline_steps=7, n_online_steps=0
     )
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer()
     trainer.fit(BehaviorCloning(hidden=(8, 8), batch_size=8), dm)
     assert logged_step(trainer) == 7 == dm.iteration
 
