@@ -158,8 +158,8 @@ class IQLSettings:
 
 @config_part
 class Optim:
-    """Adam learning rates and the rows per gradient step from each buffer (N = N_off + N_on; Cal-QL's 0.5
-    mix)."""
+    """Adam learning rates (the value net uses ``lr_critic``) and the rows per gradient step drawn from each
+    buffer, N = N_off + N_on (equal halves: Cal-QL's mixing ratio 0.5)."""
 
     lr_actor: float = 3e-4
     lr_critic: float = 3e-4
