@@ -7,6 +7,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+
 from litlab.callbacks.continual import AccuracyMatrixCallback
 from litlab.datamodules.continual import ContinualDataModule
 from litlab.lit_modules.continual.janus_lora import JanusLoRA
