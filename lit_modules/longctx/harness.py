@@ -152,9 +152,8 @@ class LongContextEval(L.LightningModule):
         self.max_new_tokens, self.query_after_compression = evaluation.max_new_tokens, query_after_compression
         self.automatic_optimization = False
         self.strict_loading = False
-        self._placeholder = torch.nn.Parameter(
-            torch.zeros(()), requires_grad=False
-        )  # the empty step's optimiser
+        # what the empty training step's optimiser holds (nothing is trained)
+        self._placeholder = torch.nn.Parameter(torch.zeros(()), requires_grad=False)
 
     def setup(self, stage: str) -> None:
         """Check once that the DataModule provides ``data_contract`` and encodes prompts in the model's vocabulary."""
