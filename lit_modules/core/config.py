@@ -2,8 +2,10 @@
 
 A method whose constructor would take a long flat list of arguments takes a few ``config_part`` objects instead
 (``penalty: KruskalPenalty``, ``actor: ActorConfig``, ...). LightningCLI builds each from a YAML mapping and checks
-its keys and types; ``save_hyperparameters()`` stores them as they are, and ``config_part`` puts the class on
-torch's allow-list so checkpoints holding them still load with ``weights_only=True``.
+its keys and types. ``save_hyperparameters()`` stores what the module received: the objects when the module is
+built in Python, plain mappings when LightningCLI built it, so a module keeps its parts as attributes and never
+reads them back through ``hparams``. ``config_part`` puts the class on torch's allow-list, so checkpoints holding
+the objects still load with ``weights_only=True``.
 """
 
 from __future__ import annotations
