@@ -72,10 +72,9 @@ def acc_vs_cr_report(result: CardResult, out_dir: Path) -> ReportExtras:
     return ReportExtras(figures=[path], markdown="\n".join(lines), numbers=numbers)
 
 
-def density_report(result: CardResult, cpu_timing: dict[int, dict[str, float]]) -> ReportExtras:
+def density_report(result: CardResult) -> ReportExtras:
     """SALE: accuracy, block density and attention output error of every run (dense runs log no density: 1.0,
-    error 0.0), and the CPU attention timing table of ``cpu_timing`` (``{N: {dense_s, select_s, sparse_s, density,
-    sale_over_dense, overhead_frac}}``)."""
+    error 0.0). CPU timing is a benchmark, not part of the card: ``litlab bench sale_prefill``."""
     numbers: dict[str, float] = {}
     lines = ["| run | acc | density | attn out rel err |", "|---|---|---|---|"]
     for name, m in run_metrics(result).items():
@@ -86,17 +85,4 @@ def density_report(result: CardResult, cpu_timing: dict[int, dict[str, float]]) 
             f"| {name} | {numbers[f'{name}_acc']:.3f} | {numbers[f'{name}_density']:.3f} | "
             f"{numbers[f'{name}_out_err']:.4f} |"
         )
-    lines += [
-        "",
-        "CPU attention timing (one layer, H=2, d=64, tau=0.01, reference sparse path vs SDPA):",
-        "| N | dense s | select s | sparse s | density | (select+sparse)/dense | select/dense |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for n, t in cpu_timing.items():
-        lines.append(
-            f"| {n} | {t['dense_s']:.2f} | {t['select_s']:.2f} | {t['sparse_s']:.2f} | {t['density']:.3f} "
-            f"| {t['sale_over_dense']:.2f} | {t['overhead_frac']:.2f} |"
-        )
-        for key in ("sale_over_dense", "overhead_frac", "density"):
-            numbers[f"cpu_{n}_{key}"] = t[key]
     return ReportExtras(markdown="\n".join(lines), numbers=numbers)

@@ -31,7 +31,6 @@ import torch
 from litlab.kernels.block_select import quant_qk_block_select, reserved_blocks, smooth_quantize
 from litlab.kernels.block_sparse_attention import (
     block_sparse_attention,
-    block_sparse_attention_gathered,
     dense_causal_attention,
 )
 from litlab.lit_modules.core.config import config_part
@@ -390,35 +389,6 @@ class SALEPrefillModule(LongContextEval):
             torch.save(tau, cal.thresholds_path)
 
 
-def cpu_prefill_timing(
-    lengths=(4096, 8192, 16384), H: int = 2, d: int = 64, tau: float = 0.01, seed: int = 1
-):
-    """Attention-level CPU timing (one layer, ``sink_needle_inputs``): dense SDPA vs SALE's reference path
-    (quantise + select, then the block-skipping gathered attention). Ratios come from one run on one machine."""
-    cfg = SALEConfig(impl="reference")
-    out = {}
-    for n in lengths:
-        q, k, v = (t[None] for t in sink_needle_inputs(H, n, d, n_needles=n // 16, seed=seed))
-        t0 = time.perf_counter()
-        ref = dense_causal_attention(q, k, v)
-        t1 = time.perf_counter()
-        mask, k_s = sale_block_mask(q, k, tau, cfg)
-        t2 = time.perf_counter()
-        o = block_sparse_attention_gathered(q, k_s, v, mask, cfg.block_q, cfg.block_k)
-        t3 = time.perf_counter()
-        dense_s, select_s, sparse_s = t1 - t0, t2 - t1, t3 - t2
-        out[n] = {
-            "dense_s": dense_s,
-            "select_s": select_s,
-            "sparse_s": sparse_s,
-            "density": block_density(mask, n, cfg.block_q, cfg.block_k),
-            "sale_over_dense": (select_s + sparse_s) / dense_s,
-            "overhead_frac": select_s / dense_s,
-            "rel_err": float((o - ref).norm() / ref.norm()),
-        }
-    return out
-
-
 def report(result: CardResult, out_dir: Path) -> ReportExtras:
-    """Card hook: density / output error / accuracy of every run, and the CPU timing of ``cpu_prefill_timing``."""
-    return density_report(result, cpu_prefill_timing())
+    """Card hook: density / output error / accuracy of every run (CPU timing: ``litlab bench sale_prefill``)."""
+    return density_report(result)
