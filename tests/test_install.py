@@ -4,6 +4,7 @@ shadows a PyPI distribution (Hugging Face's ``kernels``, which transformers impo
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
