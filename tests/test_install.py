@@ -14,22 +14,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def build_wheel(out: Path) -> Path:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    """Build from a copy of the checkout: setuptools writes build/ and *.egg-info beside the sources."""
+    src = out.parent / "src"
+    skip = shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-info", "wandb", "__pycache__")
+    shutil.copytree(ROOT, src, ignore=skip)
+    pip = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        str(out),
+        str(src),
+    ]
+    subprocess.run(pip, check=True, capture_output=True)
     (wheel,) = out.glob("litlab-*.whl")
     return wheel
 
