@@ -95,7 +95,7 @@ def test_print_config_shows_resolved_defaults(capsys):
     out = capsys.readouterr().out
     assert (
         "litlab.lit_modules.peft.lokra.LoKRALanguageModel" in out
-        and "penalty_eps: 0.0001" in out
+        and "eps: 0.0001" in out
         and "seed_everything: 0" in out
     )
 
@@ -104,7 +104,7 @@ def test_print_config_shows_resolved_defaults(capsys):
     "bad,needle",
     [
         (["--model.init_args.rnak=4"], "rnak"),
-        (["--model.init_args.rank=four"], "rank"),
+        (["--model.init_args.adapter.rank=four"], "rank"),
         (["--model.init_args.mode=loha"], "mode"),
         (["--trainer.max_stepz=3"], "max_stepz"),
     ],

@@ -19,7 +19,7 @@ ARGS = [
     "fit",
     f"--config={ROOT / 'configs/lokra/matrix.yaml'}",
     "--model.init_args.mode=lokra",
-    "--model.init_args.lam=0.01",
+    "--model.init_args.penalty.lam=0.01",
     "--trainer.max_steps=600",
     "--data.init_args.steps_per_epoch=50",
     "--trainer.deterministic=true",

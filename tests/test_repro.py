@@ -26,11 +26,11 @@ runs:
     overrides: {model.init_args.mode: lora, trainer.max_steps: 150, data.init_args.steps_per_epoch: 50}
   plus:
     config: configs/lokra/matrix.yaml
-    overrides: {model.init_args.mode: lokra_plus, model.init_args.lam: 0.0, trainer.max_steps: 150,
+    overrides: {model.init_args.mode: lokra_plus, model.init_args.penalty.lam: 0.0, trainer.max_steps: 150,
                 data.init_args.steps_per_epoch: 50}
   plus_rank:
     config: configs/lokra/matrix.yaml
-    overrides: {model.init_args.mode: lokra_plus, model.init_args.lam: 0.0, trainer.max_steps: 150,
+    overrides: {model.init_args.mode: lokra_plus, model.init_args.penalty.lam: 0.0, trainer.max_steps: 150,
                 data.init_args.steps_per_epoch: 50}
     metric: val/delta_rank
 expectation: "plus < lora - 0.1 and plus_rank > 8"

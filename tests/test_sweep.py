@@ -56,7 +56,7 @@ def test_grid_sweep_offline_end_to_end_and_resume(tmp_path, monkeypatch):
         "--data.init_args.steps_per_epoch=6",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_checkpointing=false",
-        "--model.init_args.lam=0.0",
+        "--model.init_args.penalty.lam=0.0",
     ]
     out = tmp_path / "sweeps"
     # an "interrupted" sweep: only 2 of the 4 grid points ran
