@@ -22,14 +22,15 @@ import lightning as L
 import torch
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
+from torch.utils.data import DataLoader
+
 from litlab.lit_modules.core.errors import DatasetUnavailableError
 from litlab.lit_modules.core.hf import (
+    check_hub_dataset,
     download_instructions,
-    hub_unreachable_reason,
     load_tokenizer,
     offline_env_var,
 )
-from torch.utils.data import DataLoader
 
 PROMPT_TEMPLATE = (
     "Below is an instruction that describes a task. Write a response that appropriately completes "
@@ -73,13 +74,7 @@ def _load_hub_dataset(dataset_id: str) -> list[dict[str, Any]]:
             f"data path {dataset_id!r} is a Hugging Face dataset id, which needs the optional `datasets` "
             f"package (pip install datasets). {get_the_file}"
         ) from err
-    if offline_env_var() is None:
-        reason = hub_unreachable_reason(dataset_id, "dataset")
-        if reason is not None:
-            raise DatasetUnavailableError(
-                f"cannot load dataset {dataset_id!r}: {reason}. If it is in the `datasets` cache, set "
-                f"HF_HUB_OFFLINE=1 to use that copy. {get_the_file}"
-            )
+    check_hub_dataset(dataset_id, "load", f". {get_the_file}")
     try:  # offline mode: `datasets` reads only its cache and fails at once when the data is not there
         return datasets.load_dataset(dataset_id, split="train").to_list()
     except Exception as err:

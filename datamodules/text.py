@@ -16,12 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from litlab.lit_modules.core.corpus import CharTokenizer, local_text_corpus
 from litlab.lit_modules.core.errors import DatasetUnavailableError
-from litlab.lit_modules.core.hf import (
-    download_instructions,
-    hub_unreachable_reason,
-    load_tokenizer,
-    offline_env_var,
-)
+from litlab.lit_modules.core.hf import check_hub_dataset, download_instructions, load_tokenizer
 
 
 class _Windows(Dataset):
@@ -175,13 +170,7 @@ class HubTextDataModule(L.LightningDataModule):
             raise DatasetUnavailableError(
                 f"data set {dataset!r} is streamed with the optional `datasets` package: pip install datasets"
             ) from err
-        if offline_env_var() is None:
-            reason = hub_unreachable_reason(dataset, "dataset")
-            if reason is not None:
-                raise DatasetUnavailableError(
-                    f"cannot stream data set {dataset!r}: {reason}. If it is in the `datasets` cache, set "
-                    f"HF_HUB_OFFLINE=1 to use that copy; otherwise:\n{download_instructions(dataset, 'dataset')}"
-                )
+        check_hub_dataset(dataset, "stream", f"; otherwise:\n{download_instructions(dataset, 'dataset')}")
         self.tokenizer = load_tokenizer(tokenizer)  # ModelUnavailableError at once when it cannot be had
 
     def _stream(self, split: str):

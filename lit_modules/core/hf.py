@@ -33,7 +33,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import validate_repo_id
 
-from litlab.lit_modules.core.errors import ModelUnavailableError
+from litlab.lit_modules.core.errors import DatasetUnavailableError, ModelUnavailableError
 from litlab.lit_modules.core.io import atomic_path, cache_dir
 
 # Long enough for a slow but working link, short enough that "offline" is reported at once.
@@ -85,6 +85,20 @@ def hub_unreachable_reason(repo_id: str, repo_type: str = "model", revision: str
             f"the Hugging Face Hub ({hub_constants.ENDPOINT}) cannot be reached ({type(err).__name__}: {err})"
         )
     return None
+
+
+def check_hub_dataset(dataset_id: str, action: str, advice: str) -> None:
+    """Stop at once (``DatasetUnavailableError``) when the Hub cannot serve ``dataset_id`` now, unless offline mode
+    is on (then ``datasets`` reads only its cache and fails at once by itself). ``action`` ("load", "stream")
+    and ``advice`` (how to get the data) complete the message."""
+    if offline_env_var() is not None:
+        return
+    reason = hub_unreachable_reason(dataset_id, "dataset")
+    if reason is not None:
+        raise DatasetUnavailableError(
+            f"cannot {action} data set {dataset_id!r}: {reason}. If it is in the `datasets` cache, set "
+            f"HF_HUB_OFFLINE=1 to use that copy{advice}"
+        )
 
 
 def download_instructions(repo_id: str, repo_type: str = "model") -> str:
