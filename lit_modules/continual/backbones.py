@@ -71,27 +71,21 @@ def pretrained_backbone(
         )
 
     def train(vit: TinyViT) -> None:
-        # One thread: CPU float sums depend on the thread count, and 30 epochs turn that rounding into another
-        # backbone (the cards' recorded numbers were measured on the one-thread backbone).
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            pretext_head = nn.Linear(width, 4)
-            params = list(vit.parameters()) + list(pretext_head.parameters())
-            opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.05)
-            gen = torch.Generator().manual_seed(seed)
-            for _ in range(epochs):  # every image in all four pretext versions, 128 samples per batch
-                for idx in torch.randperm(inputs.shape[0], generator=gen).split(32):
-                    x = torch.cat([_pretext(inputs[idx], j, kind) for j in range(4)])
-                    target = torch.arange(4).repeat_interleave(idx.numel())
-                    loss = F.cross_entropy(pretext_head(vit.forward_features(x)), target)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-        finally:
-            torch.set_num_threads(threads)
+        pretext_head = nn.Linear(width, 4)
+        params = list(vit.parameters()) + list(pretext_head.parameters())
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.05)
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(epochs):  # every image in all four pretext versions, 128 samples per batch
+            for idx in torch.randperm(inputs.shape[0], generator=gen).split(32):
+                x = torch.cat([_pretext(inputs[idx], j, kind) for j in range(4)])
+                target = torch.arange(4).repeat_interleave(idx.numel())
+                loss = F.cross_entropy(pretext_head(vit.forward_features(x)), target)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
 
-    return train_and_cache("cl_backbone", args, seed, build, train)
+    # 1 thread: the backbone the cards' recorded numbers were measured on
+    return train_and_cache("cl_backbone", args, seed, build, train, threads=1)
 
 
 class HFViTFeatures(nn.Module):
