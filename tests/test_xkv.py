@@ -199,7 +199,7 @@ def test_effect_vs_single_layer_svd(tiny, prompts):  # gated on dense accuracy
     acc_g1_r2, acc_g4_r2 = acc(xkv(1, 2, 2)), acc(xkv(4, 8, 8))
     acc_g1_r1, acc_g4_r1 = acc(xkv(1, 1, 1)), acc(xkv(4, 4, 4))
     assert acc_g4_r2 >= acc_g1_r2 and acc_g4_r2 >= dense - 0.01
-    # r1=1 (CR 21.3 by the compression-ratio formula): measured G=4 0.97 vs G=1 0.03 on the tied seed-1 model (spec prototype: 0.98 vs 0.17)
+    # r1=1 (CR 21.3 by the compression-ratio formula): measured G=4 0.97 vs G=1 0.03 on the tied seed-1 model (our prototype: 0.98 vs 0.17)
     assert acc_g4_r1 >= 0.9 and acc_g4_r1 >= acc_g1_r1 + 0.3
     assert compression_ratio(4, 254, 2, 16, 4, 4, 4) >= 20
     assert all(torch.equal(before[k], v) for k, v in tiny.state_dict().items())
