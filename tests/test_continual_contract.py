@@ -26,8 +26,9 @@ from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult,
 FAST = dict(pretrain_epochs=2)
 
 
-def _trainer(dm, callbacks=()):
+def _trainer(dm, root, callbacks=()):
     return L.Trainer(
+        default_root_dir=str(root),  # the accuracy-matrix files land here, not in the working directory
         max_epochs=dm.num_tasks * dm.epochs_per_task,
         reload_dataloaders_every_n_epochs=1,
         callbacks=list(callbacks),
@@ -84,10 +85,10 @@ class _CountingSetup(ContinualDataModule):
         super().setup(stage)
 
 
-def test_only_the_trainer_runs_the_datamodule_setup():
+def test_only_the_trainer_runs_the_datamodule_setup(tmp_path):
     dm = _CountingSetup(num_tasks=2, epochs_per_task=1)
     L.seed_everything(0)
-    _trainer(dm, [AccuracyMatrixCallback()]).fit(SequentialLoRA(**FAST), dm)
+    _trainer(dm, tmp_path, [AccuracyMatrixCallback()]).fit(SequentialLoRA(**FAST), dm)
     assert dm.setup_calls == ["fit"]
 
 
@@ -104,18 +105,18 @@ class _Listener(L.Callback):
         self.tasks.append(t)
 
 
-def test_task_end_callbacks_are_checked_once_and_called_in_order():
+def test_task_end_callbacks_are_checked_once_and_called_in_order(tmp_path):
     with pytest.raises(ContractError, match=r"_BadTaskEnd.on_task_end must accept \(trainer, pl_module, t\)"):
         task_end_callbacks([_BadTaskEnd()])
     plain, listener = L.Callback(), _Listener()
     assert task_end_callbacks([plain, listener]) == [listener]
     dm = ContinualDataModule(num_tasks=2, epochs_per_task=1)
     L.seed_everything(0)
-    _trainer(dm, [listener]).fit(SequentialLoRA(**FAST), dm)
+    _trainer(dm, tmp_path, [listener]).fit(SequentialLoRA(**FAST), dm)
     assert listener.tasks == [0, 1]
     dm = ContinualDataModule(num_tasks=2, epochs_per_task=1)
     with pytest.raises(ContractError, match="_BadTaskEnd"):
-        _trainer(dm, [_BadTaskEnd()]).fit(SequentialLoRA(**FAST), dm)
+        _trainer(dm, tmp_path, [_BadTaskEnd()]).fit(SequentialLoRA(**FAST), dm)
 
 
 def test_accuracy_matrix_callback_checks_its_datamodule():
