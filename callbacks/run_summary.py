@@ -8,6 +8,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+
 from litlab.lit_modules.core.io import atomic_write_json
 
 

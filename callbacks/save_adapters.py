@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+
 from litlab.lit_modules.core.adapters import find_adapters, save_adapters
 
 

@@ -15,6 +15,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+
 from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, use_triton
 
 

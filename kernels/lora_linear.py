@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
 from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, use_triton
 
 

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from torch import nn
+
 from litlab.lit_modules.core.adapters import (
     AdapterLinear,
     adapter_parameters,
@@ -14,7 +16,6 @@ from litlab.lit_modules.core.adapters import (
     transform_adapter_updates,
 )
 from litlab.lit_modules.core.models import TinyGPT, tiny_llama
-from torch import nn
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
 KINDS = [("lora", {}), ("khatri_rao", {})]

@@ -6,10 +6,11 @@ import time
 import pytest
 import torch
 import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
+
 from litlab.datamodules.commonsense import IGNORE_INDEX, CommonsenseDataModule, format_prompt, load_records
 from litlab.lit_modules.core.errors import ModelUnavailableError
 from litlab.lit_modules.core.hf import dtype_from_name, load_causal_lm, load_tokenizer
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 SENTENCES = [
     "Below is an instruction that describes a task . Write a response that appropriately completes the request .",

@@ -16,6 +16,8 @@ if (
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from kernels import dispatch  # noqa: E402
 from litlab.kernels.block_select import (  # noqa: E402,E501
     block_select_reference,
     quant_qk_block_select,
@@ -30,8 +32,6 @@ from litlab.kernels.lowrank import (  # noqa: E402
     gather_lowrank_reconstruct_reference,
     inverse_rope,
 )
-
-from kernels import dispatch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATTN_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

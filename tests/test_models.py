@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from litlab.lit_modules.core.models import TinyCNN, TinyGPT, TinyViT, tiny_llama
 
 

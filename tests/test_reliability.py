@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from litlab.lit_modules.core.errors import CheckpointError
 
 from litlab.cli import LitlabCLI
+from litlab.lit_modules.core.errors import CheckpointError
 from litlab.runs import SafeCheckpointIO
 
 ROOT = Path(__file__).resolve().parent.parent

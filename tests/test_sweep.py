@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from litlab.lit_modules.core.errors import SweepError
 
+from litlab.lit_modules.core.errors import SweepError
 from litlab.sweep import expand_command, load_sweep, main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from litlab.datamodules.bundled import load_bundled
 from litlab.datamodules.text import LocalTextDataModule
 from litlab.lit_modules.core.corpus import _CORPUS_CACHE, CharTokenizer, local_text_corpus
