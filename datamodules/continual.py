@@ -26,6 +26,7 @@ Scenarios:
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from pathlib import Path
@@ -37,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, TensorDataset
 
+from litlab.datamodules.bundled import load_bundled
+from litlab.lit_modules.core.corpus import CharTokenizer, module_docstrings, normalise
 from litlab.lit_modules.core.errors import DatasetUnavailableError
 from litlab.lit_modules.core.io import atomic_path, cache_dir
 
@@ -72,8 +75,6 @@ Scenario = Literal["split", "permuted", "rotated"]
 def load_digits_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from sklearn.model_selection import train_test_split
 
-    from litlab.datamodules.bundled import load_bundled
-
     X, y = load_bundled("digits")
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, stratify=y, random_state=0)
     to_img = lambda a: torch.tensor(a / 16.0, dtype=torch.float32).view(-1, 1, 8, 8)  # noqa: E731
@@ -104,10 +105,6 @@ def load_mnist1d() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
 def load_text_snippets(chars: int = 64, per_class: int = 280) -> tuple[torch.Tensor, ...]:
     """Character ids of non-overlapping ``chars``-long docstring windows of each of ``TEXT_MODULES`` (label =
     module), ``per_class`` windows each, split 70/30 with a fixed seed."""
-    import importlib
-
-    from litlab.lit_modules.core.corpus import CharTokenizer, module_docstrings, normalise
-
     tok, gen = CharTokenizer(), torch.Generator().manual_seed(0)
     xtr, ytr, xte, yte = [], [], [], []
     for label, name in enumerate(TEXT_MODULES):

@@ -20,7 +20,7 @@ QUICK = [
     "--trainer.strategy.init_args.mode=ddp",
     "--model.init_args.optimizer=adamw",
     "--data.init_args.block_size=64",
-    "--model.init_args.block_size=64",
+    "--model.init_args.net.block_size=64",
 ]
 
 

@@ -8,10 +8,12 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import Tensor, nn
 
+from litlab.lit_modules.core.hf import load_from_folder_cache_or_hub
 from litlab.lit_modules.core.models import TinyViT
-from litlab.lit_modules.core.pretrain import train_and_cache
+from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt, train_and_cache
 
 
 # ---- a backbone pre-trained locally without labels -------------------------------------------------------
@@ -95,11 +97,7 @@ class HFViTFeatures(nn.Module):
 
     def __init__(self, model_id: str):
         super().__init__()
-        import transformers
-
-        from litlab.lit_modules.core.hf import _load_from_folder_cache_or_hub
-
-        self.vit = _load_from_folder_cache_or_hub(
+        self.vit = load_from_folder_cache_or_hub(
             transformers.ViTModel.from_pretrained, model_id, None, "ViT backbone", add_pooling_layer=False
         )
         self.width = self.vit.config.hidden_size
@@ -115,8 +113,6 @@ class TinyGPTFeatures(nn.Module):
 
     def __init__(self, d_model: int):
         super().__init__()
-        from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt
-
         self.gpt = pretrained_tiny_gpt(d_model=d_model)
 
     def forward_features(self, ids: Tensor) -> Tensor:
@@ -132,11 +128,7 @@ def check_backbone_available(backbone: str) -> None:
     here."""
     if backbone == "tinyvit":
         return
-    import transformers
-
-    from litlab.lit_modules.core.hf import _load_from_folder_cache_or_hub
-
-    _load_from_folder_cache_or_hub(transformers.AutoConfig.from_pretrained, backbone, None, "ViT backbone")
+    load_from_folder_cache_or_hub(transformers.AutoConfig.from_pretrained, backbone, None, "ViT backbone")
 
 
 # ---- the harness = sequential LoRA ----------------------------------------------------------------------

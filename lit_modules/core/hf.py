@@ -119,9 +119,12 @@ def download_instructions(repo_id: str, repo_type: str = "model") -> str:
     return "\n".join(lines)
 
 
-def _load_from_folder_cache_or_hub(
+def load_from_folder_cache_or_hub(
     load: Callable[..., Any], model_id: str, revision: str | None, what: str, **kwargs: Any
 ) -> Any:
+    """``load(model_id, **kwargs)`` (any ``from_pretrained``) in this module's order: a local folder, the local
+    HF cache, then the Hub only if it answers; otherwise ``ModelUnavailableError`` naming ``what`` and how to
+    get it."""
     folder = os.path.expanduser(model_id)
     if os.path.isdir(folder):
         return load(folder, **kwargs)
@@ -152,7 +155,7 @@ def load_causal_lm(
 ) -> transformers.PreTrainedModel:
     """`AutoModelForCausalLM` from a folder, the HF cache, or the Hub; `ModelUnavailableError` at once if none."""
     torch_dtype = dtype_from_name(dtype)  # checked before any loading, so a typo fails first
-    return _load_from_folder_cache_or_hub(
+    return load_from_folder_cache_or_hub(
         transformers.AutoModelForCausalLM.from_pretrained,
         model_id,
         revision,
@@ -164,7 +167,7 @@ def load_causal_lm(
 
 def load_tokenizer(model_id: str, revision: str | None = None) -> transformers.PreTrainedTokenizerBase:
     """`AutoTokenizer` from a folder, the HF cache, or the Hub; `ModelUnavailableError` at once if none."""
-    return _load_from_folder_cache_or_hub(
+    return load_from_folder_cache_or_hub(
         transformers.AutoTokenizer.from_pretrained, model_id, revision, "tokenizer"
     )
 

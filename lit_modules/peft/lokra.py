@@ -40,7 +40,9 @@ from litlab.lit_modules.core.adapters import (
     inject_adapters,
 )
 from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.hf import load_causal_lm
 from litlab.lit_modules.core.kruskal import normalize_columns
+from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt
 
 Mode = Literal["lora", "lokra", "lokra_plus"]
 BlockMode = Literal["random", "fixed"]
@@ -292,8 +294,6 @@ class LoKRALanguageModel(_LoKRABase):
         super().__init__()
         self.save_hyperparameters()
         if backbone == "tiny_gpt":
-            from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt
-
             self.model = pretrained_tiny_gpt(
                 steps=base.pretrain_steps,
                 d_model=base.d_model,
@@ -302,8 +302,6 @@ class LoKRALanguageModel(_LoKRABase):
                 block_size=base.block_size,
             )
         else:
-            from litlab.lit_modules.core.hf import load_causal_lm
-
             self.model = load_causal_lm(backbone, dtype=dtype)
         self._adapt(mode, adapter, penalty)
 
