@@ -41,6 +41,7 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
+    # imported after parsing: `litlab data --help` answers without loading torch and gymnasium
     from litlab.datamodules.rl_d4rl import episode_returns, load_dataset, read_metadata
     from litlab.lit_modules.core.errors import ResourceUnavailableError
 
