@@ -1,9 +1,12 @@
-"""``litlab repro <slug>``: run a paper's method and its baselines over seeds, check the claim, write a report.
+"""``litlab repro <slug>``: run a paper's method and its baselines over seeds, judge the card's claims, report.
 
 Every run goes through the same LightningCLI path as ``litlab fit`` (``LitlabCLI``), with the card's overrides,
-into ``runs/repro/<slug>/<config stem>/<config hash>-s<seed>/``. A run whose ``summary.json`` says finished is
-reused (also by another card entry with the same resolved config), so an interrupted reproduction resumes. The report (``report.md``, ``results.json``, a bar
-plot) goes to ``runs/repro/<slug>/``; the exit code is 1 when the card's expectation does not hold.
+into ``runs/repro/<slug>/<config stem>/<config hash>-s<seed>/``, on one torch thread (so that a number does not
+depend on ``--jobs``). A run whose ``summary.json`` says finished is reused (also by another card entry with the
+same resolved config), so an interrupted reproduction resumes. The report (``report.md``, ``results.json``, a
+plot) goes to ``runs/repro/<slug>/``. Exit codes: 1 when a claim the card recorded as passing fails now, or
+(``--check-recorded``) when a seed's number moved beyond the card's determinism tolerance; 2 when the card is
+refused (invalid, or a claim that cannot tell the method from a baseline).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any
 
 import yaml
 
-from litlab.cards import Card, evaluate, expression_names, load_card, split_clauses
+from litlab.cards import Card, load_card
+from litlab.claims import card_status, evaluate_claim, mismatches, refutations, regressions
 from litlab.lit_modules.core.errors import CardError, ResourceUnavailableError
 from litlab.lit_modules.core.io import atomic_path, atomic_write_json, atomic_write_text
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult, SeedRun
@@ -61,7 +65,7 @@ def fit_args(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ex
     return [
         "fit",
         f"--config={config}",
-        *override_args(spec.all_overrides(scale)),
+        *override_args(spec.all_overrides(scale, seed)),
         f"--seed_everything={seed}",
         f"--experiment={Path(spec.config_path(scale)).stem}",
         f"--runs_dir={out_dir}",
@@ -134,8 +138,12 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
 
     spec = card.runs[run_name]
     args = fit_args(card, run_name, scale, seed, out_dir, extra)
+    import torch
+
     reused = True
     argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when args come from both places
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a --jobs worker: float sums round by thread count
     try:
         cli = LitlabCLI(args=args, skip_finished=True)
         run_dir = cli.run_dir
@@ -143,6 +151,7 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
     except RunAlreadyFinished as done:
         run_dir = done.run_dir
     finally:
+        torch.set_num_threads(threads)
         sys.argv = argv
         _finish_wandb_run()
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -181,7 +190,6 @@ def reproduce(
         runs = {n: runs[n] for n in only}
     elif not include_optional:
         runs = {n: r for n, r in runs.items() if not r.optional}
-    skipped_optional = {n for n, r in card.runs_for(scale).items() if r.optional and n not in runs}
     out_dir = out_root / card.slug
     started = time.time()
     ran_in_workers: set[str] = set()
@@ -209,28 +217,7 @@ def reproduce(
             std=statistics.stdev(xs) if len(xs) > 1 else 0.0,
             runs=values,
         )
-    means = {n: r.mean for n, r in per_run.items()}
-    stds = {n: r.std for n, r in per_run.items()}
-    expr = card.expectation.get(scale)
-    clauses = []
-    if expr:
-        for clause in split_clauses(expr):
-            if expression_names(clause) & skipped_optional:
-                clauses.append(
-                    {"clause": clause, "holds": None, "skipped": True}
-                )  # optional run not asked for
-                continue
-            try:
-                clauses.append({"clause": clause, "holds": evaluate(clause, means, stds)})
-            except CardError:
-                clauses.append({"clause": clause, "holds": None})  # a run it needs was left out by --only
-    decisive = [c for c in clauses if not c.get("skipped")]
-    verdict = (
-        None
-        if not decisive or any(c["holds"] is None for c in decisive)
-        else all(c["holds"] for c in decisive)
-    )
-    return CardResult(
+    result = CardResult(
         slug=card.slug,
         title=card.title,
         claim=card.claim,
@@ -239,12 +226,28 @@ def reproduce(
         metric_name=card.metric.name,
         metric_mode=card.metric.mode,
         runs=per_run,
-        expectation=expr,
-        clauses=clauses,
-        passed=verdict,
         date=date.today().isoformat(),
         wall_time_s=round(time.time() - started, 1),
     )
+    call_report_hook(card, result, out_dir)
+    judge(card, result)
+    return result
+
+
+def judge(card: Card, result: CardResult) -> None:
+    """Claims, card status, regressions, refutations and per-seed mismatches of ``result``, in place."""
+    import torch
+
+    values = {n: r.values for n, r in result.runs.items()}
+    result.claims = [
+        evaluate_claim(card, c, values, result.extras.numbers, has_cuda=torch.cuda.is_available())
+        for c in card.claims_for(result.scale)
+    ]
+    result.status = card_status(result.claims)
+    result.regressions = regressions(card, result.scale, result.claims)
+    result.refutations = refutations(card, values)
+    measured = {n: dict(zip(r.seeds, r.values)) for n, r in result.runs.items()}
+    result.mismatches = mismatches(card, result.scale, measured)
 
 
 def call_report_hook(card: Card, result: CardResult, out_dir: Path) -> None:
@@ -272,11 +275,37 @@ def call_report_hook(card: Card, result: CardResult, out_dir: Path) -> None:
 
 # ---- report -------------------------------------------------------------------------------------
 def _fmt(x: float) -> str:
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
     return "nan" if math.isnan(x) else (f"{x:.4g}" if abs(x) < 1e4 else f"{x:.3e}")
 
 
-def _verdict(v: bool | None) -> str:
-    return {True: "PASS", False: "FAIL", None: "n/a"}[v]
+def claim_rows(claim) -> list[tuple[str, ...]]:
+    """(claim, kind, comparison, n, means ± std, d [95% CI], margin, verdict) per compared run."""
+    verdict = f"{claim.verdict.upper()} ({claim.status})"
+    if claim.kind == "mechanism":
+        value = claim.value
+        shown = (
+            "—"
+            if value is None
+            else (", ".join(map(_fmt, value)) if isinstance(value, list) else _fmt(value))
+        )
+        return [(claim.id, claim.kind, shown, "", "", "", "", verdict)]
+    if not claim.comparisons:
+        return [(claim.id, claim.kind, "", "", "", "", "", f"{verdict} {claim.reason}".strip())]
+    return [
+        (
+            claim.id,
+            claim.kind,
+            f"vs {c.against}",
+            f"{c.n_method}/{c.n_against}",
+            f"{_fmt(c.method_mean)} ± {_fmt(c.method_std)} vs {_fmt(c.against_mean)} ± {_fmt(c.against_std)}",
+            f"{_fmt(c.diff)} [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}]",
+            _fmt(c.margin if claim.kind == "better" else -c.margin),
+            verdict,
+        )
+        for c in claim.comparisons
+    ]
 
 
 def render_markdown(card: Card, res: CardResult, command: str) -> str:
@@ -289,24 +318,46 @@ def render_markdown(card: Card, res: CardResult, command: str) -> str:
         f"Date: {res.date}, seeds {res.seeds}, wall time {res.wall_time_s} s "
         f"({res.reused_runs} of {res.total_runs} runs reused from earlier invocations)",
         "",
+        f"**Status: {res.status}.** {card.status_note.strip()}",
+        "",
+        "## Claims",
+        "",
+        "d is the method's improvement over the compared run (positive = better), with a Welch 95 % interval "
+        "over seeds; a `better` claim passes when the interval's low end clears the margin, a `parity` claim "
+        "when it clears minus the margin.",
+        "",
+        "| claim | kind | compared | n | means ± std | d [95 % CI] | needs low end > | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for claim in res.claims:
+        lines += ["| " + " | ".join(row) + " |" for row in claim_rows(claim)]
+    lines.append("")
+    for claim in res.claims:
+        text = f"- `{claim.id}`: {claim.paper}" if claim.paper else f"- `{claim.id}`"
+        lines.append(text + (f" — *{claim.note.strip()}*" if claim.note else ""))
+    for title, items in (
+        ("Regressions (recorded as passing, failing now)", res.regressions),
+        ("Refused claims", res.refutations),
+        ("Numbers that moved from the recorded ones", res.mismatches),
+    ):
+        if items:
+            lines += ["", f"## {title}", ""] + [f"- {x}" for x in items]
+    lines += [
+        "",
+        "## Runs",
+        "",
         "| run | metric | mean ± std | per seed | recorded |",
         "|---|---|---|---|---|",
     ]
     recorded = card.recorded.get("results") or {}
     for name, r in res.runs.items():
         rec = recorded.get(name) or {}
-        rec_text = f"{_fmt(rec['mean'])} ± {_fmt(rec.get('std', 0.0))}" if "mean" in rec else "—"
+        rec_text = ", ".join(_fmt(v) for v in rec.get("values", [])) or "—"
         lines.append(
             f"| {name} | {r.metric} | {_fmt(r.mean)} ± {_fmt(r.std)} | "
             f"{', '.join(_fmt(v) for v in r.values)} | {rec_text} |"
         )
-    lines += ["", f"**Expectation** (paper's direction): `{res.expectation}`", ""]
-    lines += [
-        f"- {'skipped (optional runs; --all runs them)' if c.get('skipped') else _verdict(c['holds'])}: "
-        f"`{c['clause']}`"
-        for c in res.clauses
-    ]
-    lines += ["", f"**Verdict: {_verdict(res.passed)}**", ""]
+    lines.append("")
     if res.extras.numbers:
         lines += ["## Derived numbers", "", "| name | value |", "|---|---|"]
         lines += [f"| {k} | {_fmt(v)} |" for k, v in res.extras.numbers.items()] + [""]
@@ -323,20 +374,31 @@ def print_table(card: Card, res: CardResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{card.slug}: {card.title} ({res.scale}, seeds {res.seeds})")
+    console = Console(width=None if sys.stdout.isatty() else 140)  # a log file still gets readable rows
+    runs = Table(title=f"{card.slug}: {card.title} ({res.scale}, seeds {res.seeds})")
     for col in ("run", "metric", "mean ± std", "per seed"):
-        table.add_column(col)
+        runs.add_column(col)
     for name, r in res.runs.items():
-        table.add_row(name, r.metric, f"{_fmt(r.mean)} ± {_fmt(r.std)}", ", ".join(_fmt(v) for v in r.values))
-    console = Console(width=None if sys.stdout.isatty() else 120)  # a log file still gets readable rows
-    console.print(table)
-    console.print(f"expectation: {res.expectation}")
-    for c in res.clauses:
-        console.print(f"  {'skip' if c.get('skipped') else _verdict(c['holds'])}  {c['clause']}")
+        runs.add_row(name, r.metric, f"{_fmt(r.mean)} ± {_fmt(r.std)}", ", ".join(_fmt(v) for v in r.values))
+    console.print(runs)
+    claims = Table(title="claims (d: improvement, Welch 95 % CI over seeds)")
+    for col in ("claim", "kind", "compared", "n", "means ± std", "d [95% CI]", "needs low end >", "verdict"):
+        claims.add_column(col)
+    for claim in res.claims:
+        for row in claim_rows(claim):
+            claims.add_row(*row)
+    console.print(claims)
     for k, v in res.extras.numbers.items():
         console.print(f"  {k} = {_fmt(v)}")
+    for label, items in (
+        ("REGRESSION", res.regressions),
+        ("REFUSED", res.refutations),
+        ("MOVED", res.mismatches),
+    ):
+        for item in items:
+            console.print(f"  [bold]{label}[/bold] {item}")
     console.print(
-        f"[bold]{_verdict(res.passed)}[/bold]  ({res.wall_time_s} s; {res.reused_runs} of {res.total_runs} runs reused)"
+        f"[bold]status: {res.status}[/bold]  ({res.wall_time_s} s; {res.reused_runs} of {res.total_runs} runs reused)"
     )
 
 
@@ -369,7 +431,7 @@ def plot(res: CardResult, path: Path) -> None:
         ax.grid(axis="y", alpha=0.3)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
         ax.set_ylabel(metric)
-    fig.suptitle(f"{res.slug} ({res.scale}): {_verdict(res.passed)}")
+    fig.suptitle(f"{res.slug} ({res.scale}): {res.status}")
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
@@ -382,31 +444,56 @@ def record_into_card(card: Card, res: CardResult, command: str) -> None:
     results = {
         n: {
             "metric": r.metric,
+            "seeds": list(r.seeds),
+            "values": [round(v, 6) for v in r.values],
             "mean": round(r.mean, 6),
             "std": round(r.std, 6),
-            "values": [round(v, 6) for v in r.values],
         }
         for n, r in res.runs.items()
     }
+    claims = {}
+    for c in res.claims:
+        entry: dict[str, Any] = {"verdict": c.verdict, "status": c.status}
+        if c.comparisons:
+            entry["vs"] = {
+                x.against: {
+                    "n": [x.n_method, x.n_against],
+                    "diff": round(x.diff, 6),
+                    "ci95": [round(x.ci_low, 6), round(x.ci_high, 6)],
+                    "margin": round(x.margin, 6),
+                }
+                for x in c.comparisons
+            }
+        if c.value is not None:
+            entry["value"] = (
+                [round(v, 6) for v in c.value] if isinstance(c.value, list) else round(c.value, 6)
+            )
+        if c.reason:
+            entry["reason"] = c.reason
+        claims[c.id] = entry
     block = {
         "recorded": {
             "date": res.date,
             "command": command,
             "scale": res.scale,
             "seeds": res.seeds,
-            "passed": res.passed,
+            "status": res.status,
             "wall_time_s": res.wall_time_s,
+            "claims": claims,
             "results": results,
         }
     }
-    # runs this invocation did not repeat (optional ones, or left out by --only) keep their earlier numbers
-    earlier = card.recorded or {}
+    # runs and claims this invocation did not repeat (optional runs, --only) keep their earlier numbers
+    earlier = card.recorded if card.recorded.get("scale") == res.scale else {}
     for name, entry in (earlier.get("results") or {}).items():
         if name in card.runs and name not in res.runs:
             results[name] = {
                 **entry,
                 "from": entry.get("from") or f"{earlier.get('date')}: {earlier.get('command')}",
             }
+    for cid, entry in (earlier.get("claims") or {}).items():
+        if cid in claims and claims[cid]["verdict"] == "skipped":
+            claims[cid] = entry
     derived = {**(earlier.get("derived") or {}), **{k: round(v, 6) for k, v in res.extras.numbers.items()}}
     if derived:
         block["recorded"]["derived"] = derived
@@ -418,28 +505,79 @@ def record_into_card(card: Card, res: CardResult, command: str) -> None:
 
 
 # ---- command line -------------------------------------------------------------------------------
-def list_cards() -> int:
-    for path in sorted(seeds_dir().glob("*.yaml")):
+def _claims_passed(card: Card) -> tuple[int, int]:
+    rec = card.recorded.get("claims") or {}
+    verdicts = [e.get("verdict") for e in rec.values()]
+    return verdicts.count("pass"), len(verdicts)
+
+
+def card_rows(cards_dir: Path | None = None) -> list[tuple[Card | None, str, str]]:
+    out = []
+    for path in sorted((cards_dir or seeds_dir()).glob("*.yaml")):
         try:
-            card = load_card(path)
+            out.append((load_card(path), path.stem, ""))
         except CardError as err:
-            print(f"{path.stem:16s} INVALID: {err}")
+            out.append((None, path.stem, str(err)))
+    return out
+
+
+def cards_markdown(cards_dir: Path | None = None) -> str:
+    """The README's methods table, made from the cards' recorded blocks (``litlab repro --list --markdown``)."""
+    lines = [
+        "| card | paper | status (quick) | claims passed | per claim: d [95 % CI], n |",
+        "|---|---|---|---|---|",
+    ]
+    for card, slug, error in card_rows(cards_dir):
+        if card is None:
+            lines.append(f"| `{slug}` | invalid card | — | — | {error} |")
             continue
         rec = card.recorded
-        rec_text = f"recorded {rec.get('date')}: {_verdict(rec.get('passed'))}" if rec else "not recorded"
+        passed, total = _claims_passed(card)
+        details = []
+        for cid, entry in (rec.get("claims") or {}).items():
+            vs = entry.get("vs") or {}
+            parts = [
+                f"{_fmt(v['diff'])} [{_fmt(v['ci95'][0])}, {_fmt(v['ci95'][1])}] vs {name}, n={v['n'][0]}"
+                for name, v in vs.items()
+            ]
+            body = "; ".join(parts) if parts else entry.get("status", "")
+            details.append(f"`{cid}` {entry.get('verdict', '?')}: {body}")
+        lines.append(
+            f"| [`{slug}`](seeds/{slug}.yaml) | {card.title} | {rec.get('status', 'not recorded')} | "
+            f"{passed}/{total} | {'<br>'.join(details)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def list_cards(markdown: bool = False) -> int:
+    if markdown:
+        print(cards_markdown(), end="")
+        return 0
+    for card, slug, error in card_rows():
+        if card is None:
+            print(f"{slug:16s} REFUSED: {error}")
+            continue
+        rec = card.recorded
+        passed, total = _claims_passed(card)
+        rec_text = (
+            f"{rec.get('status', 'not recorded')} ({passed}/{total} claims, {rec.get('scale')}, {rec.get('date')})"
+            if rec
+            else "not recorded"
+        )
         last = Path("runs/repro") / card.slug / "results.json"
         last_text = ""
         if last.exists():
             last_res = json.loads(last.read_text())
-            last_text = f"; last local run {last_res['date']}: {_verdict(last_res['passed'])}"
-        print(f"{card.slug:16s} {card.title[:60]:60s} {rec_text}{last_text}")
+            last_text = f"; last local run {last_res['date']}: {last_res.get('status')}"
+        print(f"{card.slug:16s} {card.title[:56]:56s} {rec_text}{last_text}")
     return 0
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="litlab repro", description=__doc__.split("\n")[0])
     parser.add_argument("slug", nargs="?", help="card name (seeds/<slug>.yaml) or a path to a card file")
-    parser.add_argument("--list", action="store_true", help="list cards and their last recorded result")
+    parser.add_argument("--list", action="store_true", help="list cards and their recorded status")
+    parser.add_argument("--markdown", action="store_true", help="with --list: the README's methods table")
     parser.add_argument("--scale", choices=["quick", "full"], default="quick")
     parser.add_argument(
         "--seeds",
@@ -462,13 +600,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--record", action="store_true", help="write the measured numbers into the card's recorded: block"
     )
+    parser.add_argument(
+        "--check-recorded",
+        action="store_true",
+        help="exit 1 when a seed's number differs from the recorded one beyond the card's determinism tolerance",
+    )
     parser.epilog = "Arguments after `--` go to every run's LightningCLI (e.g. -- --trainer.accelerator=gpu)."
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.list:
-        return list_cards()
+        return list_cards(markdown=args.markdown)
     if not args.slug:
         parser.error("give a card slug (see `litlab repro --list`)")
     for name in ("lightning.pytorch", "lightning.fabric"):  # per-run banners drown the report
@@ -498,12 +641,16 @@ def main(argv: list[str]) -> int:
         return 2
     command = "litlab repro " + " ".join(argv)
     out_dir = args.out / card.slug
-    call_report_hook(card, res, out_dir)
     atomic_write_json(out_dir / "results.json", res.to_json())
     atomic_write_text(out_dir / "report.md", render_markdown(card, res, command))
     plot(res, out_dir / f"{card.slug}_{args.scale}.png")
     print_table(card, res)
     print(f"report: {out_dir / 'report.md'}", file=sys.stderr)
+    if res.refutations:
+        print("litlab repro: card refused: " + "; ".join(res.refutations), file=sys.stderr)
+        return 2
     if args.record:
         record_into_card(card, res, command)
-    return 0 if res.passed in (True, None) else 1
+    if res.regressions or (args.check_recorded and res.mismatches):
+        return 1
+    return 0

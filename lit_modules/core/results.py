@@ -66,12 +66,21 @@ class CardResult:
     metric_name: str
     metric_mode: str
     runs: dict[str, RunResult]
-    expectation: str | None
-    clauses: list[dict[str, Any]]
-    passed: bool | None
     date: str
     wall_time_s: float
     extras: ReportExtras = field(default_factory=ReportExtras)
+    # set by litlab.repro.judge once the runs (and the report hook) are done
+    claims: list[Any] = field(default_factory=list)  # litlab.claims.ClaimResult, one per claim at this scale
+    status: str = "not run"  # reproduced | partial | not reproduced | mechanism only | not run
+    regressions: list[str] = field(default_factory=list)  # claims recorded as passing that fail now
+    refutations: list[str] = field(default_factory=list)  # claims that cannot tell the method from a baseline
+    mismatches: list[str] = field(default_factory=list)  # seeds whose number moved from the recorded one
+
+    def claim_result(self, claim_id: str) -> Any:
+        for c in self.claims:
+            if c.id == claim_id:
+                return c
+        raise KeyError(f"no claim {claim_id!r}; claims: {[c.id for c in self.claims]}")
 
     @property
     def reused_runs(self) -> int:
@@ -110,9 +119,11 @@ class CardResult:
             "seeds": self.seeds,
             "metric": {"name": self.metric_name, "mode": self.metric_mode},
             "runs": runs,
-            "expectation": self.expectation,
-            "clauses": self.clauses,
-            "passed": self.passed,
+            "claims": [c.to_json() for c in self.claims],
+            "status": self.status,
+            "regressions": self.regressions,
+            "refutations": self.refutations,
+            "mismatches": self.mismatches,
             "date": self.date,
             "wall_time_s": self.wall_time_s,
             "reused_runs": self.reused_runs,
