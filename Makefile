@@ -9,7 +9,7 @@ TORCH_INDEX_URL ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-dev check-torch demo test test-slow lint clean smollm2 rl
+.PHONY: install install-dev check-torch demo test test-slow lint clean smollm2 rl readme
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,3 +65,9 @@ lint: install-dev
 
 clean:
 	rm -rf runs wandb lightning_logs
+
+# README's methods table, generated from the cards (tests/test_repro.py fails when the two disagree)
+readme: install
+	$(BIN)/python -c "import pathlib; from litlab.repro import cards_markdown; p = pathlib.Path('README.md'); \
+	b, e = '<!-- cards:begin (make readme) -->\n', '<!-- cards:end -->'; s = p.read_text(); \
+	p.write_text(s.split(b)[0] + b + cards_markdown() + e + s.split(e, 1)[1])"
