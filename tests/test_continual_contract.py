@@ -148,9 +148,6 @@ def _card_result(tmp_path) -> CardResult:
         metric_name="cl/acc",
         metric_mode="max",
         runs=runs,
-        expectation=None,
-        clauses=[],
-        passed=None,
         date="2026-12-01",
         wall_time_s=1.0,
     )
