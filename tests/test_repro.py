@@ -11,8 +11,8 @@ from litlab.cards import load_card, substitute_seed
 from litlab.claims import ClaimResult, card_status, refutations, welch_interval
 from litlab.lit_modules.core.errors import CardError
 from litlab.lit_modules.core.results import ReportExtras
+from litlab.repro import fit_args, override_args, reproduce
 from litlab.repro import main as repro_main
-from litlab.repro import override_args, reproduce
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -251,9 +251,14 @@ def test_card_status_from_claim_verdicts():
     assert card_status([claim("better", "skipped")]) == "not run"
 
 
-def test_seed_placeholder_in_overrides():
+def test_seed_placeholder_in_overrides(tmp_path):
     assert substitute_seed("{seed}", 3) == 3 and substitute_seed("run-{seed}", 3) == "run-3"
     assert substitute_seed({"a": ["{seed}", 1]}, 4) == {"a": [4, 1]} and substitute_seed(0.5, 4) == 0.5
+    text = TINY_CARD.replace(
+        "overrides: {model.init_args.mode: lora,", 'overrides: {data.init_args.seed: "{seed}",', 1
+    )
+    args = fit_args(load_card(write_card(tmp_path, text)), "lora", "quick", 7, tmp_path, [])
+    assert "--data.init_args.seed=7" in args and "--seed_everything=7" in args
 
 
 @pytest.mark.parametrize(
