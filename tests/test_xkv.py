@@ -18,6 +18,7 @@ from litlab.lit_modules.longctx.xkv import (
     compression_ratio,
     layer_groups,
     make_method,
+    slerp_merge,
     truncated_svd,
 )
 
@@ -115,6 +116,35 @@ def test_prefill_logits_untouched(tiny, prompts):
         cache = method.make_cache(tiny, 300)
         out = tiny(input_ids=ids, cache=cache, kv_method_cache=cache).logits[:, -1]
         assert (out - ref).abs().max() < 1e-5
+
+
+def test_minicache_merges_the_rows_the_official_code_merges():
+    """Hand-built pair of layers, 5 rows of d=2 at angles 0, 10, 20, 45, 90 degrees: threshold =
+    min + gamma * (max - min). The official ``fake_minicache_merge`` merges rows ABOVE it (``diverge_mask``) and
+    keeps the others (``E1[~diverge_mask] = X1[~diverge_mask]``): at gamma = 0.05 (4.5 deg) only the parallel row
+    is kept; at gamma = 0.5 (45 deg) the rows at 0-45 deg are kept and only the 90 deg row is merged."""
+    angles = torch.tensor([0.0, 10.0, 20.0, 45.0, 90.0]).deg2rad()
+    x = torch.stack([torch.ones(5), torch.zeros(5)], -1) * 2.0  # layer l: (2, 0), norm 2
+    y = torch.stack([angles.cos(), angles.sin()], -1) * 3.0  # layer l+1: norm 3, at the angles
+    x, y = x[None, None], y[None, None]  # [B=1, H=1, L=5, d=2]
+    for gamma, merged_rows in ((0.05, [1, 2, 3, 4]), (0.5, [4])):
+        x2, y2, n_merged, n_retained = slerp_merge(x, y, t=0.5, gamma=gamma)
+        assert (n_merged, n_retained) == (len(merged_rows), 5 - len(merged_rows))
+        for i in range(5):
+            if i in merged_rows:  # the SLERP midpoint direction, at each layer's own norm
+                mid = torch.stack([(angles[i] / 2).cos(), (angles[i] / 2).sin()])
+                assert torch.allclose(x2[0, 0, i], 2.0 * mid, atol=1e-5)
+                assert torch.allclose(y2[0, 0, i], 3.0 * mid, atol=1e-5)
+            else:  # retained: exact vectors
+                assert torch.equal(x2[0, 0, i], x[0, 0, i]) and torch.equal(y2[0, 0, i], y[0, 0, i])
+
+
+def test_minicache_compression_ratio_reflects_merging(tiny, prompts):
+    """At the official gamma = 0.05 nearly every row of the merged pair (layers 2-3) is merged, so the logged CR is
+    near 4 / (2 + 2 (d + 2) / (2 d)) = 1.28 for d = 16 (was 1.01 when the retention mask was inverted)."""
+    res = run(tiny, make_method("minicache", CompressionPlan(start_layer=2)), prompts[0])
+    d = 16
+    assert 1.2 < res["metrics"]["compression_ratio"] <= 4 / (2 + (d + 2) / d) + 1e-6
 
 
 def test_cross_layer_advantage_experiment_a():  # keys/values of a random Llama: grouped SVD beats per-layer SVD

@@ -52,8 +52,9 @@ Method = Literal["dense", "xkv", "xkv_sr", "xk_sr", "shadowkv", "minicache"]
 @config_part
 class CompressionPlan:
     """Which layers are compressed and at what rank. Ranks are PER GROUP of ``group_size`` consecutive layers;
-    ``rank_per_layer`` (if set) gives ``rank_k = rank_v = group_size * rank_per_layer`` (equal average rank per
-    layer, the paper's "equal compression"). ``merge_k`` / ``merge_v``: compress keys / values (the other stays
+    ``rank_per_layer`` (if set) gives ``rank_k = group_size * rank_per_layer`` and ``rank_v = round(v_to_k *
+    rank_k)`` (equal average rank per layer across G, the paper's "equal compression"); ``v_to_k`` defaults to
+    the official protocol's K:V rank ratio 1:1.5 (rank_k 512 / rank_v 768 for xKV-4, 128 / 192 for G=1). ``merge_k`` / ``merge_v``: compress keys / values (the other stays
     exact). Layers outside [start_layer, end_layer] (end -1: the last) stay exact. ``svd_impl``: ``exact``
     (``torch.linalg.svd``) or ``lowrank`` (``torch.svd_lowrank``, randomised, the official efficiency path)."""
 
@@ -61,6 +62,7 @@ class CompressionPlan:
     rank_k: int = 384
     rank_v: int = 576
     rank_per_layer: int | None = None
+    v_to_k: float = 1.5
     merge_k: bool = True
     merge_v: bool = True
     start_layer: int = 0
@@ -73,7 +75,9 @@ class CompressionPlan:
 
     @property
     def value_rank(self) -> int:
-        return self.rank_v if self.rank_per_layer is None else self.group_size * self.rank_per_layer
+        if self.rank_per_layer is None:
+            return self.rank_v
+        return max(1, round(self.v_to_k * self.group_size * self.rank_per_layer))
 
 
 @config_part
@@ -94,8 +98,9 @@ class SelectiveReconstruction:
 
 @config_part
 class MiniCacheMerge:
-    """MiniCache's SLERP merge: interpolation ``slerp_t``, retention threshold ``slerp_gamma`` (rows whose angle
-    exceeds min + gamma * (max - min) keep their own vectors). Defaults are the official xKV evaluation's."""
+    """MiniCache's SLERP merge: interpolation ``slerp_t``, threshold ``slerp_gamma``: rows whose angle exceeds
+    min + gamma * (max - min) are merged, the others keep their own vectors (the official xKV code's
+    ``fake_minicache_merge``; larger gamma merges fewer rows). Defaults are the official xKV evaluation's."""
 
     slerp_t: float = 0.5
     slerp_gamma: float = 0.05
@@ -361,18 +366,23 @@ class XKVSelective(XKV):
 
 
 def slerp_merge(x: torch.Tensor, y: torch.Tensor, t: float = 0.5, gamma: float = 0.05):
-    """MiniCache: SLERP of two layers' [B, H, L, d] rows, rescaled to each layer's norms; rows whose angle exceeds
-    min + gamma*(max - min) are retained. Returns (x', y', n_merged, n_retained)."""
+    """MiniCache merge of two layers' [B, H, L, d] rows, as the official xKV code's ``fake_minicache_merge``.
+
+    Per row (one (batch, head, token) vector of size d): the angle ``omega`` between the two layers' rows; min and
+    max over all rows. Rows with ``omega > min + gamma * (max - min)`` (the official ``diverge_mask``) are MERGED:
+    both layers get the SLERP direction at ``t``, rescaled to their own row norms; the other rows, the
+    near-parallel ones, keep their own vectors (the official ``E1[~diverge_mask] = X1[~diverge_mask]``). So at the
+    official gamma = 0.05 nearly every row is merged. Returns (x', y', n_merged, n_retained)."""
     nx, ny = x.norm(dim=-1, keepdim=True), y.norm(dim=-1, keepdim=True)
     ux, uy = x / nx.clamp_min(1e-12), y / ny.clamp_min(1e-12)
     omega = torch.arccos((ux * uy).sum(-1, keepdim=True).clamp(-1 + 1e-7, 1 - 1e-7))
     so = torch.sin(omega)
     direction = (torch.sin((1 - t) * omega) * ux + torch.sin(t * omega) * uy) / so
-    retain = omega > omega.min() + gamma * (omega.max() - omega.min())
-    x_new = torch.where(retain, x, direction * nx)
-    y_new = torch.where(retain, y, direction * ny)
-    n_ret = int(retain.sum())
-    return x_new, y_new, retain.numel() - n_ret, n_ret
+    merged = omega > omega.min() + gamma * (omega.max() - omega.min())
+    x_new = torch.where(merged, direction * nx, x)
+    y_new = torch.where(merged, direction * ny, y)
+    n_merged = int(merged.sum())
+    return x_new, y_new, n_merged, merged.numel() - n_merged
 
 
 class MiniCache(KVMethod):
