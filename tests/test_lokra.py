@@ -264,3 +264,20 @@ def test_warmup_ramps_lambda_and_every_skips_steps():
     assert module.current_lam() == pytest.approx(1e-2 * 2 / 4)
     batch = next(iter(MatrixApproxDataModule(target="diag").train_dataloader()))
     assert torch.equal(module.training_step(batch, 0), module.task_loss(batch))  # step 1: no penalty
+
+
+# ---- the tiny LM's base is a seeded family ---------------------------------------------------------
+def test_tiny_base_follows_its_seed(monkeypatch, tmp_path):
+    """``base.seed`` (the card passes its seed) picks another locally pre-trained base; the same seed, the
+    same base (the cache, or a second build, gives the same weights)."""
+    from litlab.lit_modules.peft.lokra import TinyBase
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path))
+
+    def base_weights(seed: int) -> torch.Tensor:
+        lm = LoKRALanguageModel(mode="lora", base=TinyBase(pretrain_steps=2, seed=seed))
+        return torch.cat([p.detach().flatten() for p in lm.model.parameters() if not p.requires_grad])
+
+    w0, w1 = base_weights(0), base_weights(1)
+    assert not torch.equal(w0, w1)
+    assert torch.equal(base_weights(0), w0)

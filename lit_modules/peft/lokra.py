@@ -98,13 +98,16 @@ class AdapterPlan:
 @config_part
 class TinyBase:
     """The frozen base of the quick scale: a TinyGPT pre-trained for ``pretrain_steps`` on the first half of
-    the local corpus (cached; ``litlab.lit_modules.core.pretrain.pretrained_tiny_gpt``)."""
+    the local corpus (cached; ``litlab.lit_modules.core.pretrain.pretrained_tiny_gpt``). ``seed`` seeds its
+    initialisation and its pre-training windows: one base per seed (the card passes its seed here, so the
+    evidence spans several bases, not one)."""
 
     pretrain_steps: int = 300
     d_model: int = 64
     layers: int = 2
     heads: int = 4
     block_size: int = 128
+    seed: int = 0
 
 
 # defaults of the constructors (frozen, so one shared instance is safe)
@@ -300,6 +303,7 @@ class LoKRALanguageModel(_LoKRABase):
                 n_layers=base.layers,
                 n_heads=base.heads,
                 block_size=base.block_size,
+                seed=base.seed,
             )
         else:
             self.model = load_causal_lm(backbone, dtype=dtype)
