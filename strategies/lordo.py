@@ -267,6 +267,10 @@ class LoRDOStrategy(DDPStrategy):
         }
         if self.similarities:
             metrics["lordo/subspace_similarity"] = self.similarities[-1]
+        if len(self.similarities) > 1:  # after the first refresh: what the stagnation argument is about
+            later = self.similarities[1:]
+            metrics["lordo/subspace_similarity_min"] = min(later)
+            metrics["lordo/subspace_similarity_max"] = max(later)
         return metrics
 
     def lowcomm_state_dict(self) -> dict[str, Any]:

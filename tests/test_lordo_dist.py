@@ -160,6 +160,7 @@ def worker(rank: int, port: int, out: str) -> None:
         strat = LoRDOStrategy(mode="lordo", sync_every=4)
         fit(strat, tiny(qh_omega=omega, weight_decay=0.0), 24)
         res[f"similarity_{omega}"] = list(strat.similarities)
+        res[f"metrics_{omega}"] = strat.comm_metrics()
     # checkpoint/resume at a step that is not a sync: the resumed run syncs at the same steps
     root = os.path.join(out, "resume")
     L.seed_everything(0)
@@ -245,6 +246,11 @@ def test_stagnation_with_omega_one_and_exploration_with_qh(ranks):
     stuck, moving = ranks[0]["similarity_1.0"], ranks[0]["similarity_0.97"]
     assert len(stuck) == 6 and all(abs(s - 1.0) < 1e-5 for s in stuck[1:]), stuck
     assert min(moving[:5]) < 0.99, moving
+    # what the card's *_sim_min entries read: the extremes over the refreshes after the first
+    for omega, sims in ((1.0, stuck), (0.97, moving)):
+        metrics = ranks[0][f"metrics_{omega}"]
+        assert metrics["lordo/subspace_similarity_min"] == min(sims[1:])
+        assert metrics["lordo/subspace_similarity_max"] == max(sims[1:])
 
 
 def test_resume_keeps_sync_schedule_anchor_and_optimizer_state(ranks):
