@@ -6,6 +6,10 @@ Two vocabularies share the generators' logic:
 * ``vocab="smollm2"``: natural-language prompts for SmolLM2-135M-Instruct: filler sentences, the
   needle " The pass key is NNNNN. Remember it. NNNNN is the pass key. " at a depth, and the question
   "\\nWhat is the pass key? The pass key is"; success if the key appears in the greedy answer.
+  ``filler="corpus"`` (default): varied natural text, the prose sentences of the platform's stdlib docstring
+  corpus (``litlab.lit_modules.core.corpus``; no digits, so no distractor keys), drawn in a new order for every
+  prompt (the prompt's seed); ``filler="repeat"``: the RULER-style repeated "The grass is green. ..." line, which
+  is repetitive and low-rank and so flatters every low-rank KV method.
 
 Every item is ``{"context_ids", "query_ids", "answer_ids", "answer_text", "length", "depth"}``; the query is kept
 separate so KV methods can compress the context before the question arrives (xKV's multi-turn setting, arXiv
@@ -17,18 +21,22 @@ multi-key prompts (SALE's per-head threshold calibration, arXiv 2505.24179).
 
 from __future__ import annotations
 
+import re
 import zlib
+from functools import lru_cache
 from typing import Literal
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from litlab.lit_modules.core.corpus import local_text_corpus
 from litlab.lit_modules.core.hf import load_tokenizer, smollm2_folder
 
 PAD, BOS, QUERY, NEEDLE = 0, 1, 2, 3
 KEYS, VALUES, FILLER = range(4, 16), range(16, 48), range(48, 128)
 Task = Literal["passkey", "multikey", "multivalue"]
+Filler = Literal["corpus", "repeat"]
 
 FILLER_TEXT = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 INTRO = (
@@ -79,7 +87,56 @@ def _item(context, query, answer_ids, answer_text, length, depth) -> dict:
     }
 
 
-def text_prompt(tokenizer, task: Task, length: int, gen: torch.Generator, depth: float | None = None) -> dict:
+_CODE_CHARS = set("_()[]{}=:`'\"<>/\\|*@#$%^&~+")
+
+
+@lru_cache(maxsize=1)
+def corpus_sentences() -> tuple[str, ...]:
+    """Prose sentences of the local docstring corpus: 6-40 words, mostly letters, no digits (a number in the
+    filler could pass for a key), no code characters, no doctest / code lines, and none of the needle's words
+    ("pass", "key"). Deterministic for a Python version."""
+    out = []
+    for para in local_text_corpus().split("\n\n"):
+        lines = [ln for ln in para.splitlines() if not ln.lstrip().startswith((">>>", "...", "-", "*", "#"))]
+        for sent in re.split(r"(?<=[.!?])\s+(?=[A-Z])", " ".join(lines)):
+            words = sent.split()
+            letters = sum(ch.isalpha() or ch == " " for ch in sent)
+            if (
+                6 <= len(words) <= 40
+                and sent[-1] in ".!?"
+                and sent[0].isupper()
+                and letters >= 0.9 * len(sent)
+                and not any(ch.isdigit() or ch in _CODE_CHARS for ch in sent)
+                and not any(w.lower().strip(".,;!?") in ("pass", "key", "keys", "passed") for w in words)
+            ):
+                out.append(sent)
+    return tuple(out)
+
+
+def _filler_parts(tokenizer, filler: Filler, budget: int, gen: torch.Generator) -> list[str]:
+    """Filler pieces of about ``budget`` tokens in total."""
+    if filler == "repeat":
+        filler_len = len(tokenizer(FILLER_TEXT, add_special_tokens=False)["input_ids"])
+        return [FILLER_TEXT] * max(1, budget // filler_len)
+    sents = corpus_sentences()
+    parts, used = [], 0
+    for i in torch.randperm(len(sents), generator=gen).tolist():  # a new order for every prompt
+        piece = " " + sents[i]
+        used += len(tokenizer(piece, add_special_tokens=False)["input_ids"])
+        if used > budget and parts:
+            break
+        parts.append(piece)
+    return parts
+
+
+def text_prompt(
+    tokenizer,
+    task: Task,
+    length: int,
+    gen: torch.Generator,
+    depth: float | None = None,
+    filler: Filler = "corpus",
+) -> dict:
     """A natural-language prompt of about ``length`` tokens (the needle's depth uniform unless given)."""
     depth = float(torch.rand((), generator=gen)) if depth is None else depth
     names = ["Alice", "Bob", "Carol", "Dave"]
@@ -98,10 +155,9 @@ def text_prompt(tokenizer, task: Task, length: int, gen: torch.Generator, depth:
     else:
         needles = [f" One of the pass keys is {c}. Remember it. " for c in codes]
         question, answer = "\nWhat are the pass keys? The pass keys are", " ".join(map(str, codes))
-    filler_len = len(tokenizer(FILLER_TEXT, add_special_tokens=False)["input_ids"])
     fixed = len(tokenizer(INTRO + "".join(needles) + question)["input_ids"])
-    reps = max(1, (length - fixed) // filler_len)
-    parts = [FILLER_TEXT] * reps
+    parts = _filler_parts(tokenizer, filler, length - fixed, gen)
+    reps = len(parts)
     for i, needle in enumerate(needles):  # needles spread from the chosen depth towards the end
         at = min(reps, round((depth + i * (1 - depth) / max(n_needles, 1)) * reps))
         parts.insert(at + i, needle)
@@ -128,6 +184,7 @@ class LongContextDataModule(L.LightningDataModule):
         depths: list[float] | None = None,
         seed: int = 1234,
         tokenizer_name: str | None = None,
+        filler: Filler = "corpus",
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -136,6 +193,8 @@ class LongContextDataModule(L.LightningDataModule):
             raise ValueError(
                 f"vocab={vocab!r} / task={task!r}: use tiny|smollm2|text and passkey|multikey|multivalue"
             )
+        if filler not in ("corpus", "repeat"):
+            raise ValueError(f"filler={filler!r}: use corpus (varied natural text) or repeat")
         if vocab == "text" and not tokenizer_name:
             raise ValueError("vocab='text' needs tokenizer_name (a Hugging Face id or folder)")
         if vocab == "tiny" and min(self.lengths) < 16:
@@ -167,7 +226,7 @@ class LongContextDataModule(L.LightningDataModule):
                 out.append(
                     tiny_prompt(task, length, gen, depth)
                     if hp.vocab == "tiny"
-                    else text_prompt(self.tokenizer, task, length, gen, depth)
+                    else text_prompt(self.tokenizer, task, length, gen, depth, hp.filler)
                 )
         return out
 

