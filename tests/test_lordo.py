@@ -185,3 +185,32 @@ def test_lightning_internals_still_exist():
 
     for hook in ("_configure_launcher", "configure_ddp", "setup", "save_checkpoint", "load_checkpoint"):
         assert callable(getattr(DDPStrategy, hook, None)), f"DDPStrategy.{hook} is gone"
+
+
+def test_report_ratios_are_taken_seed_by_seed(tmp_path):
+    """The card's byte claims read ``derived.bytes_ratio_*``: per seed a / b, the largest over the seeds."""
+    import json
+
+    from litlab.lit_modules.core.results import CardResult, RunResult, SeedRun
+    from litlab.lit_modules.lowcomm.report import report
+
+    def entry(name: str, bytes_per_step: list[float], loss: list[float]) -> RunResult:
+        runs = []
+        for seed, (b, v) in enumerate(zip(bytes_per_step, loss)):
+            run_dir = tmp_path / f"{name}-s{seed}"
+            run_dir.mkdir()
+            metrics = {"val/loss": v, "comm/bytes_total": 8 * b, "comm/bytes_per_step": b}
+            (run_dir / "summary.json").write_text(json.dumps({"metrics": metrics}))
+            runs.append(SeedRun(seed=seed, value=v, run_dir=run_dir))
+        return RunResult(name, "val/loss", [0, 1], loss, sum(loss) / 2, 0.0, runs)
+
+    result = CardResult(
+        "lordo", "t", "c", "quick", [0, 1], "val/loss", "min",
+        runs={"lowrank_ddp": entry("lowrank_ddp", [100.0, 100.0], [2.0, 2.0]),
+              "lordo": entry("lordo", [30.0, 32.0], [1.9, 2.1])},
+        date="d", wall_time_s=0.0,
+    )  # fmt: skip
+    numbers = report(result, tmp_path / "out").numbers
+    assert numbers["bytes_ratio_lordo_lowrank_ddp_k8"] == pytest.approx(0.32)
+    assert numbers["val_loss_ratio_lordo_lowrank_ddp"] == pytest.approx(1.05)
+    assert "bytes_ratio_lordo_lowrank_ddp_k32" not in numbers  # no lordo_k32 entry
