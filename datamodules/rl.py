@@ -44,6 +44,7 @@ class RLDataModule(L.LightningDataModule):
         dataset_level: str | None = "medium",
         generate_dataset: bool = True,
         dataset_size: int = 20_000,
+        dataset_seed: int | None = None,
         num_demos: int | None = None,
         subsampling_rate: int = 1,
         subsampling_offset: int | None = None,
@@ -58,8 +59,10 @@ class RLDataModule(L.LightningDataModule):
     ):
         """``dataset_path`` (a D4RL/Minari HDF5 file) or ``dataset_level``
         (``<cache>/d4rl/<env>-<level>.hdf5``; when missing and ``generate_dataset``, generated on first use
-        for Pendulum-v1 — seconds, analytic controller —, otherwise ``litlab data d4rl`` makes it);
-        ``num_demos``/``subsampling_rate``/``subsampling_offset`` keep the first episodes and every n-th
+        for Pendulum-v1 and LowTorquePendulum-v0 — seconds, analytic controller —, otherwise ``litlab data d4rl`` makes it);
+        ``dataset_seed``: seed of a generated data set — None: seed 0, the shared file ``<env>-<level>.hdf5``;
+        k: ``<env>-<level>-seed<k>.hdf5`` generated with seed k (a card passes its seed, so every seed draws
+        its own data); ``num_demos``/``subsampling_rate``/``subsampling_offset`` keep the first episodes and every n-th
         transition from a random (or given) offset (expert demos); ``iql_reward_norm`` multiplies
         ``reward_scale`` by 1000 / (max − min episode return of the offline data), IQL's locomotion
         preprocessing (Kostrikov et al., "Offline Reinforcement Learning with Implicit Q-Learning", arXiv
@@ -98,12 +101,15 @@ class RLDataModule(L.LightningDataModule):
             return path
         if hp.dataset_level is None:
             return None
-        path = dataset_path(hp.env_id, hp.dataset_level)
+        path = dataset_path(hp.env_id, hp.dataset_level, seed=hp.dataset_seed)
         if not path.exists() and not hp.generate_dataset:
             raise missing_dataset_error(hp.env_id, hp.dataset_level, path, "generate_dataset is false")
         if not path.exists() and hp.env_id not in ANALYTIC_ENVS:
             raise missing_dataset_error(
-                hp.env_id, hp.dataset_level, path, "only Pendulum-v1 is generated on first use"
+                hp.env_id,
+                hp.dataset_level,
+                path,
+                f"only {', '.join(ANALYTIC_ENVS)} are generated on first use",
             )
         return path
 
@@ -120,7 +126,11 @@ class RLDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Generate the cached analytic data set on first use (the Trainer calls this before ``setup``)."""
         if self.data_file is not None and not self.data_file.exists():
-            cached_dataset(self.hparams.env_id, self.hparams.dataset_level, self.hparams.dataset_size, seed=0)
+            hp = self.hparams
+            seed = 0 if hp.dataset_seed is None else hp.dataset_seed
+            cached_dataset(
+                hp.env_id, hp.dataset_level, hp.dataset_size, seed, per_seed=hp.dataset_seed is not None
+            )
 
     def setup(self, stage: str | None = None) -> None:
         if self.collector is not None:

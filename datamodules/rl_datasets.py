@@ -20,23 +20,38 @@ import numpy as np
 import torch
 
 from litlab.datamodules.rl_d4rl import LEVELS, cached_refs_path, dataset_path, write_d4rl
-from litlab.datamodules.rl_env import Policy, evaluate, make_env
+from litlab.datamodules.rl_env import PENDULUM_ARRAYS, Policy, evaluate, make_env
 from litlab.lit_modules.core.errors import DatasetUnavailableError
 from litlab.lit_modules.core.io import atomic_write_text
 
-ANALYTIC_ENVS = ("Pendulum-v1",)
 
-
-def pendulum_swingup(obs: torch.Tensor) -> torch.Tensor:
+def pendulum_swingup(obs: torch.Tensor, max_torque: float = 2.0) -> torch.Tensor:
     """Energy pumping far from the top, PD control near it. Obs [B, 3] = (cos θ, sin θ, θ̇) -> action [B, 1]
-    in [−1, 1] (torque / 2). Pendulum-v1: θ̈ = 15 sin θ + 3u, so E = θ̇²/2 + 15 (cos θ − 1) has
+    in [−1, 1] (torque / max_torque). Pendulum-v1: θ̈ = 15 sin θ + 3u, so E = θ̇²/2 + 15 (cos θ − 1) has
     dE/dt = 3 u θ̇."""
     c, s, td = obs[:, 0], obs[:, 1], obs[:, 2]
     theta = torch.atan2(s, c)
     energy = 0.5 * td**2 + 15 * (c - 1)
     pump = -energy * torch.where(td >= 0, 1.0, -1.0)
     u = torch.where(c > 0.85, -(10 * theta + 2 * td), pump)
-    return (u.clamp(-2, 2) / 2).unsqueeze(-1)
+    return (u.clamp(-max_torque, max_torque) / max_torque).unsqueeze(-1)
+
+
+def array_swingup(max_torque: float) -> Policy:
+    """The same controller on every pendulum of a ``PendulumArray`` env: obs [B, 3n] -> action [B, n]."""
+
+    def act(obs: torch.Tensor) -> torch.Tensor:
+        rows = obs.reshape(-1, 3)
+        return pendulum_swingup(rows, max_torque).reshape(len(obs), -1)
+
+    return act
+
+
+ANALYTIC_EXPERTS: dict[str, Policy] = {
+    "Pendulum-v1": pendulum_swingup,
+    **{env_id: array_swingup(torque) for env_id, (_, torque) in PENDULUM_ARRAYS.items()},
+}
+ANALYTIC_ENVS = tuple(ANALYTIC_EXPERTS)
 
 
 def noisy(policy: Policy, random_prob: float, noise_std: float, rng: np.random.Generator) -> Policy:
@@ -173,13 +188,16 @@ def make_analytic_dataset(
     if level not in LEVELS:
         raise ValueError(f"level={level!r} is not one of {LEVELS}")
     if env_id not in ANALYTIC_ENVS:
-        raise ValueError(f"policy='analytic' exists only for Pendulum-v1, not {env_id!r}; use policy='sac'")
+        raise ValueError(
+            f"policy='analytic' exists only for {', '.join(ANALYTIC_ENVS)}, not {env_id!r}; use policy='sac'"
+        )
     rng = np.random.default_rng(seed)
+    expert = ANALYTIC_EXPERTS[env_id]
     by_level = {
-        "random": lambda o: torch.as_tensor(rng.uniform(-1, 1, (1, 1)), dtype=torch.float32),
-        "medium": noisy(pendulum_swingup, 0.8, 0.1, rng),
-        "expert": pendulum_swingup,
-        "medium-replay": [noisy(pendulum_swingup, p, 0.1, rng) for p in np.linspace(1.0, 0.8, 20)],
+        "random": lambda o: torch.as_tensor(rng.uniform(-1, 1, expert(o).shape), dtype=torch.float32),
+        "medium": noisy(expert, 0.8, 0.1, rng),
+        "expert": expert,
+        "medium-replay": [noisy(expert, p, 0.1, rng) for p in np.linspace(1.0, 0.8, 20)],
     }
     data = level_rollout(by_level, env_id, level, n_transitions, seed)
     return write_level(data, env_id, level, seed, "analytic swing-up + PD controller", out, log, ref_episodes)
@@ -193,12 +211,17 @@ def missing_dataset_error(env_id: str, level: str, path: Path, why: str) -> Data
     )
 
 
-def cached_dataset(env_id: str, level: str, n_transitions: int = 20_000, seed: int = 0) -> Path:
+def cached_dataset(
+    env_id: str, level: str, n_transitions: int = 20_000, seed: int = 0, per_seed: bool = False
+) -> Path:
     """The cached data set of ``env_id`` at ``level``, generated on first use where the analytic route exists;
-    any other missing data set raises ``DatasetUnavailableError`` naming the command that makes it."""
-    path = dataset_path(env_id, level)
+    any other missing data set raises ``DatasetUnavailableError`` naming the command that makes it.
+    ``per_seed``: the file of this ``seed`` (``<env>-<level>-seed<k>.hdf5``) instead of the shared one."""
+    path = dataset_path(env_id, level, seed=seed if per_seed else None)
     if not path.exists():
         if env_id not in ANALYTIC_ENVS:
-            raise missing_dataset_error(env_id, level, path, "only Pendulum-v1 is generated on first use")
-        make_analytic_dataset(env_id, level, n_transitions, seed, log=lambda *a: None)
+            raise missing_dataset_error(
+                env_id, level, path, f"only {', '.join(ANALYTIC_ENVS)} are generated on first use"
+            )
+        make_analytic_dataset(env_id, level, n_transitions, seed, out=path, log=lambda *a: None)
     return path

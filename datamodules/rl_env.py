@@ -31,6 +31,56 @@ MUJOCO_ENVS = (
 Policy = Callable[[torch.Tensor], torch.Tensor]  # obs [1, d_s] -> action [1, d_a] in [-1, 1]
 
 
+class PendulumArray(gym.Env):
+    """``n`` independent Pendulum-v1 systems driven by one agent (dynamics of gymnasium's ``PendulumEnv``: g = 10,
+    m = l = 1, dt = 0.05, |θ̇| ≤ 8), each with motor limit ``max_torque``; the reward is the mean of the
+    Pendulum-v1 rewards. Observation [3n] = (cos θ_i, sin θ_i, θ̇_i) per pendulum, action [n] (torques).
+    A harder toy for offline-to-online RL than Pendulum-v1, which any O2O variant solves within a few thousand
+    online steps (every run then ends at the expert return): the agent has to learn n swing-ups at once
+    from one averaged reward, and a weaker motor needs a longer sequence of energy-pumping swings."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, n_pendulums: int = 1, max_torque: float = 2.0):
+        self.n, self.max_torque = int(n_pendulums), float(max_torque)
+        high = np.tile(np.array([1.0, 1.0, 8.0], np.float32), self.n)
+        self.observation_space = gym.spaces.Box(-high, high, dtype=np.float32)
+        self.action_space = gym.spaces.Box(-self.max_torque, self.max_torque, (self.n,), np.float32)
+        self.state = np.zeros((self.n, 2))
+
+    def _obs(self) -> np.ndarray:
+        th, thd = self.state[:, 0], self.state[:, 1]
+        return np.stack([np.cos(th), np.sin(th), thd], 1).reshape(-1).astype(np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.state = np.stack(
+            [self.np_random.uniform(-np.pi, np.pi, self.n), self.np_random.uniform(-1.0, 1.0, self.n)], 1
+        )
+        return self._obs(), {}
+
+    def step(self, action):
+        u = np.clip(np.asarray(action, np.float64).reshape(self.n), -self.max_torque, self.max_torque)
+        th, thd = self.state[:, 0], self.state[:, 1]
+        angle = ((th + np.pi) % (2 * np.pi)) - np.pi
+        cost = angle**2 + 0.1 * thd**2 + 0.001 * u**2
+        new_thd = np.clip(thd + (15.0 * np.sin(th) + 3.0 * u) * 0.05, -8.0, 8.0)
+        self.state = np.stack([th + new_thd * 0.05, new_thd], 1)
+        return self._obs(), -float(cost.mean()), False, False, {}
+
+
+# id -> (number of pendulums, motor limit)
+PENDULUM_ARRAYS = {"LowTorquePendulum-v0": (1, 1.0)}
+for _id, (_n, _torque) in PENDULUM_ARRAYS.items():
+    if _id not in gym.registry:
+        gym.register(
+            _id,
+            entry_point="litlab.datamodules.rl_env:PendulumArray",
+            max_episode_steps=200,
+            kwargs={"n_pendulums": _n, "max_torque": _torque},
+        )
+
+
 def check_env_available(env_id: str) -> None:
     if env_id.split("-")[0] in MUJOCO_ENVS and importlib.util.find_spec("mujoco") is None:
         raise EnvUnavailableError(

@@ -162,6 +162,49 @@ def test_env_factory_collector_and_evaluation():
         make_env("NoSuchEnv-v0")
 
 
+def test_pendulum_array_is_pendulum_v1_per_pendulum():
+    """``PendulumArray`` with one pendulum at Pendulum-v1's motor limit follows gymnasium's Pendulum-v1 step
+    for step; with n pendulums the reward is the mean of the n Pendulum-v1 rewards."""
+    import gymnasium as gym
+
+    from litlab.datamodules.rl_env import PendulumArray
+
+    ref, one = gym.make("Pendulum-v1").unwrapped, PendulumArray(1, 2.0)
+    assert np.array_equal(ref.reset(seed=3)[0], one.reset(seed=3)[0])
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        u = rng.uniform(-2, 2, 1).astype(np.float32)
+        (o1, r1, *_), (o2, r2, *_) = ref.step(u), one.step(u)
+        assert np.allclose(o1, o2, atol=1e-5) and math.isclose(r1, r2, rel_tol=1e-5, abs_tol=1e-5)
+    three, singles = PendulumArray(3, 1.0), [PendulumArray(1, 1.0) for _ in range(3)]
+    three.reset(seed=0)
+    for i, env in enumerate(singles):
+        env.reset(seed=0)
+        env.state = three.state[i : i + 1].copy()
+    u = rng.uniform(-1, 1, 3)
+    rewards = [env.step(u[i : i + 1])[1] for i, env in enumerate(singles)]
+    assert math.isclose(three.step(u)[1], float(np.mean(rewards)), rel_tol=1e-9)
+
+
+def test_generated_data_set_follows_dataset_seed(monkeypatch, tmp_path):
+    from litlab.datamodules.rl import RLDataModule
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path))
+    obs = {}
+    for seed in (None, 0, 1):
+        dm = RLDataModule(
+            env_id="LowTorquePendulum-v0", dataset_level="medium", dataset_size=400, dataset_seed=seed
+        )
+        dm.setup("fit")
+        obs[seed] = dm.offline["obs"]
+    assert sorted(p.name for p in (tmp_path / "d4rl").glob("*.hdf5")) == [
+        "LowTorquePendulum-v0-medium-seed0.hdf5",
+        "LowTorquePendulum-v0-medium-seed1.hdf5",
+        "LowTorquePendulum-v0-medium.hdf5",
+    ]
+    assert torch.equal(obs[None], obs[0]) and not torch.equal(obs[0], obs[1])
+
+
 def test_mujoco_env_builds_or_says_how_to_install():
     try:
         env = make_env("Hopper-v4", terminate_when_unhealthy=False)

@@ -283,6 +283,33 @@ class DARE(RLModule):
         loss_rel, _ = actor_loss_per_sample(self.actor, self.critic, batch["obs"], self.relaxation.ent_coef)
         return (mask * loss_con + (1 - mask) * loss_rel).mean()
 
+    def mechanism_summary(self, window: int = 1500, last_share_window: int = 1000) -> dict[str, float]:
+        """The §7.7 mechanism numbers of this run from the per-step log (DARE mode, online steps past the
+        warm-up): (i) exchanges made while μ_on ≤ μ_off, (ii) the mean gap μ_on − μ_off over the last
+        ``window`` online env steps minus its mean over the first ``window``, (iii) exchanges in each
+        direction, (iv) the share of online-origin samples labelled constrained over the last
+        ``last_share_window`` steps. Empty for the baselines (no mask is computed)."""
+        if not self.mechanism:
+            return {}
+        mech = torch.stack(self.mechanism).double()
+        steps, gap, off_rel, on_con, share = mech.unbind(1)
+        first, last = steps <= steps[0] + window, steps > steps[-1] - window
+        return {
+            "dare/moves_while_gap_nonpositive": float((off_rel + on_con)[gap <= 0].sum()),
+            "dare/gap_first": float(gap[first].mean()),
+            "dare/gap_last": float(gap[last].mean()),
+            "dare/gap_drift": float(gap[last].mean() - gap[first].mean()),
+            "dare/moves_off_to_relaxed_total": float(off_rel.sum()),
+            "dare/moves_on_to_constrained_total": float(on_con.sum()),
+            "dare/online_constrained_share_last": float(share[steps > steps[-1] - last_share_window].mean()),
+        }
+
+    def on_train_end(self) -> None:
+        """The mechanism numbers go into the run's final metrics (``summary.json``), where a card reads
+        them."""
+        for key, value in self.mechanism_summary().items():
+            self.trainer.callback_metrics[key] = torch.tensor(value)
+
     def start_online_phase(self) -> None:
         """Stage A ends: the behaviour model is frozen for the whole online phase (it stands for the offline
         behaviour by definition)."""
