@@ -7,7 +7,8 @@ the task of the current epoch. A checkpoint at an epoch boundary therefore resum
 extra state here. Test sets stay per task (``task_test_loader(j)``) for the accuracy matrix R[i, j].
 
 Benchmarks (data that ships with a package, no download):
-* ``digits``  sklearn's 8×8 digits, /16, stratified 70/30 split with ``random_state=0`` → (1, 8, 8) images.
+* ``digits``  sklearn's 8×8 digits, /16, stratified 70/30 split with ``random_state=split_seed`` → (1, 8, 8)
+  images.
 * ``text``    which of 10 stdlib modules a 64-character docstring snippet comes from (local corpus) → (64,)
   ids.
 * ``mnist1d`` MNIST-1D (Greydanus, "Scaling Down Deep Learning", arXiv 2011.14439) generated locally with
@@ -22,6 +23,10 @@ Scenarios:
                shift by t·``shift_step`` positions).
 
 ``cumulative=True`` trains task t on the union of tasks 0..t (the joint-training upper bound).
+
+Seeds: ``split_seed`` draws the data (the digits / text train-test split, MNIST-1D's generation; 0 is the
+historical fixed draw), ``class_order_seed`` the class order, ``task_seed`` the permutations. A card that
+wants its seeds to vary the data passes ``"{seed}"`` to them.
 """
 
 from __future__ import annotations
@@ -72,19 +77,21 @@ FOLDER_BENCHMARKS = {
 Scenario = Literal["split", "permuted", "rotated"]
 
 
-def load_digits_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def load_digits_split(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sklearn digits /16, stratified 70/30 train/test split drawn with ``random_state=seed``."""
     from sklearn.model_selection import train_test_split
 
     X, y = load_bundled("digits")
-    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, stratify=y, random_state=0)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.3, stratify=y, random_state=seed)
     to_img = lambda a: torch.tensor(a / 16.0, dtype=torch.float32).view(-1, 1, 8, 8)  # noqa: E731
     return to_img(Xtr), torch.tensor(ytr), to_img(Xte), torch.tensor(yte)
 
 
-def load_mnist1d() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """MNIST-1D made locally (never ``get_dataset()``, which downloads); cached as a tensor file."""
+def load_mnist1d(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MNIST-1D made locally (never ``get_dataset()``, which downloads); cached as a tensor file. ``seed`` 0 is
+    the package's default generation; another seed replaces the generator's seed (a new draw of the data)."""
 
-    path = cache_dir() / "mnist1d-default.pt"
+    path = cache_dir() / ("mnist1d-default.pt" if seed == 0 else f"mnist1d-seed{seed}.pt")
     if path.exists():
         d = torch.load(path, weights_only=True)
     else:
@@ -92,7 +99,10 @@ def load_mnist1d() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
             from mnist1d.data import get_dataset_args, make_dataset
         except ImportError as err:
             raise ImportError("benchmark 'mnist1d' needs the mnist1d package: pip install mnist1d") from err
-        raw = make_dataset(get_dataset_args())
+        args = get_dataset_args()
+        if seed:
+            args.seed = seed
+        raw = make_dataset(args)
         d = {k: torch.tensor(np.asarray(raw[k])) for k in ("x", "y", "x_test", "y_test")}
         with atomic_path(path) as tmp:
             torch.save(d, tmp)
@@ -102,10 +112,10 @@ def load_mnist1d() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
     return tok(x), d["y"].long(), tok(xt), d["y_test"].long()
 
 
-def load_text_snippets(chars: int = 64, per_class: int = 280) -> tuple[torch.Tensor, ...]:
+def load_text_snippets(chars: int = 64, per_class: int = 280, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Character ids of non-overlapping ``chars``-long docstring windows of each of ``TEXT_MODULES`` (label =
-    module), ``per_class`` windows each, split 70/30 with a fixed seed."""
-    tok, gen = CharTokenizer(), torch.Generator().manual_seed(0)
+    module), ``per_class`` windows each, drawn and split 70/30 with ``seed``."""
+    tok, gen = CharTokenizer(), torch.Generator().manual_seed(seed)
     xtr, ytr, xte, yte = [], [], [], []
     for label, name in enumerate(TEXT_MODULES):
         text = "\n\n".join(normalise(d) for d in module_docstrings(importlib.import_module(name)))
@@ -141,6 +151,7 @@ class ContinualDataModule(L.LightningDataModule):
         batch_size: int = 32,
         class_order_seed: int | None = None,
         task_seed: int = 0,
+        split_seed: int = 0,
         rotation_step: float = 30.0,
         shift_step: int = 4,
         cumulative: bool = False,
@@ -189,7 +200,7 @@ class ContinualDataModule(L.LightningDataModule):
             "digits": load_digits_split,
             "mnist1d": load_mnist1d,
             "text": load_text_snippets,
-        }[hp.benchmark]()
+        }[hp.benchmark](seed=hp.split_seed)
         self.pretext_inputs = xtr  # unlabelled, untransformed training inputs for backbone pre-training
         self.input_kind = {"digits": "image", "mnist1d": "tokens", "text": "text"}[hp.benchmark]
         self.input_shape = tuple(xtr.shape[1:])

@@ -266,3 +266,27 @@ def test_backbone_pretraining_runs_on_one_thread_and_restores_the_count(tmp_path
         assert seen and set(seen) == {1} and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+# ---- seeds reach everything random --------------------------------------------------------------------
+def test_split_seed_draws_another_split_of_the_same_data():
+    a, b = ContinualDataModule(), ContinualDataModule(split_seed=1)
+    a.setup()
+    b.setup()
+    assert sum(len(s[1]) for s in b.train_sets) == 1257 and sum(len(s[1]) for s in b.test_sets) == 540
+    assert not torch.equal(a.train_sets[0][0], b.train_sets[0][0])
+    again = ContinualDataModule(split_seed=1)
+    again.setup()
+    assert torch.equal(again.train_sets[0][0], b.train_sets[0][0])
+
+
+def test_backbone_seed_picks_another_member_of_the_pretrained_family(tmp_path, monkeypatch):
+    from litlab.lit_modules.continual import backbones
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path))
+    x = torch.rand(64, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    w = {s: backbones.pretrained_backbone(x, "image", epochs=1, seed=s).state_dict() for s in (0, 1)}
+    again = backbones.pretrained_backbone(x, "image", epochs=1, seed=1).state_dict()  # from the cache
+    assert any(not torch.equal(w[0][k], w[1][k]) for k in w[0])
+    assert all(torch.equal(w[1][k], again[k]) for k in again)
+    assert len(list(tmp_path.glob("cl_backbone-*.safetensors"))) == 2

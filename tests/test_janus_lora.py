@@ -1,6 +1,9 @@
 """Janus-LoRA (arXiv 2605.28495) checks that need the model: A V constant over a task, the composite-update
-invariant, the decoupled margin loss. The rectification's algebra is tested in tests/test_subspace.py, the
-effect on the card in tests/test_continual_repro_slow.py."""
+invariant, the violation witness over all tasks, the decoupled margin loss (non-zero, and it moves the
+factors), and where GR leaves the adapter its plasticity. The rectification's algebra is tested in
+tests/test_subspace.py, the effect on the card by the generic slow card test."""
+
+import copy
 
 import pytest
 import torch
@@ -139,3 +142,55 @@ def test_bad_switch_values_are_named():
         JanusLoRA(gr_mode="exact")
     with pytest.raises(ValueError, match="oe_source"):
         JanusLoRA(oe_source="later")
+
+
+def test_dml_loss_is_non_zero_and_changes_the_factors():
+    """From the same state and batch of task 2, one step with DML and one without: L_dml > 0 and the adapter
+    factors (A; B is frozen by GR, see the next test) end up different, so DML is not inert in the update."""
+    dm = _dm()
+    module = JanusLoRA(factor_dtype="float64", **FAST)
+    opt = _start(module, dm)
+    _train_task(module, dm, 0, opt)
+    module.on_task_start(1, dm)
+    batch = next(iter(dm.task_train_loader(1, batch_size=32)))
+    results = {}
+    for dml in (True, False):
+        m = copy.deepcopy(module)
+        m.hparams.dml_enabled = dml
+        params = [p for p in m.configure_optimizers().param_groups[0]["params"]]
+        m._standalone_opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+        logs = m.cl_step(batch, m._standalone_opt, lambda loss: loss.backward())
+        results[dml] = (logs, {n: _factors(layer) for n, layer in m.adapted.items()})
+    assert float(results[True][0]["loss_dml"]) > 0 and "loss_dml" not in results[False][0]
+    diff = max(float((results[True][1][n][0] - results[False][1][n][0]).norm()) for n in module.adapted)
+    assert diff > 1e-6
+
+
+def test_gr_freezes_B_once_A_reads_the_protected_subspace():
+    """Why DML moved no prediction on the toy: after task 1 every row of the shared A reads V (A V of full
+    rank), so exact safety leaves no rank direction where B may move (free_rank_dims = 0); B is bit-identical
+    over task 2 and only A changes, inside the complement of V."""
+    dm = _dm()
+    module = JanusLoRA(factor_dtype="float64", **FAST)
+    opt = _start(module, dm)
+    assert _train_task(module, dm, 0, opt)["janus/free_rank_dims"] == module.hparams.rank
+    B0 = {n: layer.branches["default"].B.detach().clone() for n, layer in module.adapted.items()}
+    A0 = {n: layer.branches["default"].A.detach().clone() for n, layer in module.adapted.items()}
+    assert _train_task(module, dm, 1, opt)["janus/free_rank_dims"] == pytest.approx(0.0, abs=1e-9)
+    for n, layer in module.adapted.items():
+        assert torch.allclose(layer.branches["default"].B.detach(), B0[n], atol=1e-12, rtol=0), n
+        assert not torch.equal(layer.branches["default"].A.detach(), A0[n]), n
+
+
+def test_violation_witness_is_the_max_over_tasks_and_layers():
+    """cl/violation_max after the last task is the max of every task's per-layer max (not the last task's)."""
+    dm = _dm()
+    module = LoRAGPM(factor_dtype="float64", **FAST)
+    opt = _start(module, dm)
+    per_task, running = [], []
+    for t in range(3):
+        logs = _train_task(module, dm, t, opt)
+        per_task.append(logs["cl/violation_task"])
+        running.append(logs["cl/violation_max"])
+    assert running == [max(per_task[: t + 1]) for t in range(3)]
+    assert running[-1] > 1e-3

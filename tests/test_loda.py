@@ -1,6 +1,6 @@
 """LoDA (arXiv 2603.00191) checks that need the model: the merge, fixed down-projections, GAO, the statistics
 bookkeeping and the ridge. The energy objectives' algebra is tested in tests/test_subspace.py, the effect on
-the card in tests/test_continual_repro_slow.py."""
+the card by the generic slow card test (tests/test_cards_slow.py)."""
 
 import pytest
 import torch

@@ -38,7 +38,8 @@ def pretrained_backbone(
     seed: int = 0,
 ) -> TinyViT:
     """TinyViT trained on a 4-way pretext task over the *unlabelled* training inputs (no class information
-    leaks), pretext head discarded; cached in LITLAB_CACHE keyed by data and arguments. For images the pretext
+    leaks), pretext head discarded; cached in LITLAB_CACHE keyed by data and arguments. ``seed`` (init and batch
+    order) makes the backbone a seeded family: a card passes its seed so that seeds vary the backbone too. For images the pretext
     is rotation prediction ("Unsupervised Representation Learning by Predicting Image Rotations", Gidaris,
     Singh & Komodakis, ICLR 2018)."""
     shape = tuple(inputs.shape[1:])

@@ -2,7 +2,8 @@
 
 ``SequentialLoRA`` is the harness and itself the unprotected baseline (sequential fine-tuning of one LoRA):
 
-    frozen backbone (TinyViT, pre-trained locally without labels) + LoRA on ``targets``
+    frozen backbone (TinyViT, pre-trained locally without labels; ``backbone_seed`` picks the member of that
+                    seeded family: its init and batch order) + LoRA on ``targets``
     train:  masked cosine CE on the current task's classes (cumulative data → joint-training upper bound)
     eval:   NCM prototypes μ_c = normalize(mean z) of each class, stored right after its task (exemplar-free)
 
@@ -73,6 +74,7 @@ class SequentialLoRA(L.LightningModule):
         mlp_dim: int = 128,
         pretrain_epochs: int = 30,
         pretrain_lr: float = 3e-3,
+        backbone_seed: int = 0,
         factor_dtype: Literal["float32", "float64"] = "float32",
         backbone: str = "tinyvit",
         optimizer: Literal["sgd", "adam"] = "sgd",
@@ -122,6 +124,7 @@ class SequentialLoRA(L.LightningModule):
                 hp.mlp_dim,
                 hp.pretrain_epochs,
                 hp.pretrain_lr,
+                seed=hp.backbone_seed,
             )
         else:  # full scale: a Hugging Face ViT (id or local folder)
             self.backbone = HFViTFeatures(hp.backbone)
