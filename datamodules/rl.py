@@ -13,6 +13,7 @@ stopped.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import numpy as np
@@ -44,7 +45,7 @@ class RLDataModule(L.LightningDataModule):
         dataset_level: str | None = "medium",
         generate_dataset: bool = True,
         dataset_size: int = 20_000,
-        dataset_seed: int | None = None,
+        dataset_seed: int | Literal["run"] | None = None,
         num_demos: int | None = None,
         subsampling_rate: int = 1,
         subsampling_offset: int | None = None,
@@ -61,8 +62,8 @@ class RLDataModule(L.LightningDataModule):
         (``<cache>/d4rl/<env>-<level>.hdf5``; when missing and ``generate_dataset``, generated on first use
         for Pendulum-v1 and LowTorquePendulum-v0 — seconds, analytic controller —, otherwise ``litlab data d4rl`` makes it);
         ``dataset_seed``: seed of a generated data set — None: seed 0, the shared file ``<env>-<level>.hdf5``;
-        k: ``<env>-<level>-seed<k>.hdf5`` generated with seed k (a card passes its seed, so every seed draws
-        its own data); ``num_demos``/``subsampling_rate``/``subsampling_offset`` keep the first episodes and every n-th
+        k: ``<env>-<level>-seed<k>.hdf5`` generated with seed k; ``run``: the run's seed (``seed_everything``),
+        so every seed of a card draws its own data; ``num_demos``/``subsampling_rate``/``subsampling_offset`` keep the first episodes and every n-th
         transition from a random (or given) offset (expert demos); ``iql_reward_norm`` multiplies
         ``reward_scale`` by 1000 / (max − min episode return of the offline data), IQL's locomotion
         preprocessing (Kostrikov et al., "Offline Reinforcement Learning with Implicit Q-Learning", arXiv
@@ -79,6 +80,9 @@ class RLDataModule(L.LightningDataModule):
             raise ValueError(
                 f"step counts must be >= 0, got {n_offline_steps} offline, {n_online_steps} online"
             )
+        self.dataset_seed = (
+            int(torch.initial_seed() % 2**31) if dataset_seed == "run" else dataset_seed
+        )  # resolved once: seed_everything has run before the CLI builds the data module
         self.data_file = self._resolve_dataset()
         self.n_offline_steps, self.n_online_steps = n_offline_steps, n_online_steps
         self.total_iterations = n_offline_steps + n_online_steps
@@ -101,7 +105,7 @@ class RLDataModule(L.LightningDataModule):
             return path
         if hp.dataset_level is None:
             return None
-        path = dataset_path(hp.env_id, hp.dataset_level, seed=hp.dataset_seed)
+        path = dataset_path(hp.env_id, hp.dataset_level, seed=self.dataset_seed)
         if not path.exists() and not hp.generate_dataset:
             raise missing_dataset_error(hp.env_id, hp.dataset_level, path, "generate_dataset is false")
         if not path.exists() and hp.env_id not in ANALYTIC_ENVS:
@@ -127,9 +131,9 @@ class RLDataModule(L.LightningDataModule):
         """Generate the cached analytic data set on first use (the Trainer calls this before ``setup``)."""
         if self.data_file is not None and not self.data_file.exists():
             hp = self.hparams
-            seed = 0 if hp.dataset_seed is None else hp.dataset_seed
+            seed = 0 if self.dataset_seed is None else self.dataset_seed
             cached_dataset(
-                hp.env_id, hp.dataset_level, hp.dataset_size, seed, per_seed=hp.dataset_seed is not None
+                hp.env_id, hp.dataset_level, hp.dataset_size, seed, per_seed=self.dataset_seed is not None
             )
 
     def setup(self, stage: str | None = None) -> None:

@@ -1,9 +1,10 @@
 """D4RL-layout data sets written from policies on this machine (no downloads): rollouts, the cheap analytic
-route for Pendulum-v1 that the data module runs on first use, and the measured reference returns.
+route for the pendulum toys that the data module runs on first use, and the measured reference returns.
 
 Levels follow D4RL (arXiv 2004.07219): ``random``, ``medium`` (a policy at ≈ 1/3 of the expert return),
-``medium-replay``, ``expert``, ``medium-expert`` (medium ∪ expert). The ``analytic`` route (Pendulum-v1 only,
-seconds, deterministic) takes an energy-pumping swing-up + PD controller as expert (return ≈ −137); medium =
+``medium-replay``, ``expert``, ``medium-expert`` (medium ∪ expert). The ``analytic`` route (Pendulum-v1 and the
+``PendulumArray`` envs such as LowTorquePendulum-v0; seconds, deterministic given the seed) takes an
+energy-pumping swing-up + PD controller as expert (return ≈ −145 on Pendulum-v1, −307 at motor limit 0.7); medium =
 the same controller with actions replaced by uniform-random ones with probability 0.8 plus N(0, 0.1) noise;
 medium-replay = random-action probability falling from 1.0 to 0.8 over 20 episodes. The SAC route (any env,
 hours on CPU for MuJoCo) needs the RL family's SAC agent: it lives in ``litlab.lit_modules.rl.factory`` and

@@ -70,7 +70,7 @@ class PendulumArray(gym.Env):
 
 
 # id -> (number of pendulums, motor limit)
-PENDULUM_ARRAYS = {"LowTorquePendulum-v0": (1, 1.0)}
+PENDULUM_ARRAYS = {"LowTorquePendulum-v0": (1, 0.7)}
 for _id, (_n, _torque) in PENDULUM_ARRAYS.items():
     if _id not in gym.registry:
         gym.register(

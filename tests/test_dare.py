@@ -228,53 +228,68 @@ def test_bad_arguments_are_named():
         DARE(relaxation=Relaxation(exchange_tau=1.5))
 
 
-# ---- mechanism, effect (Pendulum, minutes) ---------------------------------------------
+# ---- mechanism, effect (LowTorquePendulum-v0, minutes) ----------------------------------------
 @pytest.fixture(scope="module")
-def pendulum_mechanism(tmp_path_factory):
-    """Per online step of the quick config, seed 0: env_steps, μ_on − μ_off, off→relaxed, on→constrained
-    moves, share of online-origin samples labelled constrained."""
+def mechanism_summary(tmp_path_factory):
+    """§7.7 numbers of the quick config, seed 0, trained here (one torch thread, as ``litlab repro`` runs it,
+    so they equal the card's ``dare`` seed-0 run)."""
     from litlab.cli import LitlabCLI
 
-    cli = LitlabCLI(
-        args=[
-            "fit",
-            f"--config={ROOT / 'configs/dare/quick.yaml'}",
-            "--seed_everything=0",
-            f"--runs_dir={tmp_path_factory.mktemp('dare_mech')}",
-            "--trainer.enable_progress_bar=false",
-        ]
-    )
-    return torch.stack(cli.model.mechanism).numpy()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cli = LitlabCLI(
+            args=[
+                "fit",
+                f"--config={ROOT / 'configs/dare/quick.yaml'}",
+                "--seed_everything=0",
+                f"--runs_dir={tmp_path_factory.mktemp('dare_mech')}",
+                "--trainer.enable_progress_bar=false",
+            ]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    summary = cli.model.mechanism_summary()
+    assert summary == {k: pytest.approx(float(cli.trainer.callback_metrics[k])) for k in summary}
+    return summary
 
 
 @pytest.mark.slow
-def test_mechanism_on_pendulum(pendulum_mechanism):
-    mech = pendulum_mechanism
-    gap, moves = mech[:, 1], mech[:, 2] + mech[:, 3]
-    assert (moves[gap <= 0] == 0).all()  # (i) no exchange while μ_on <= μ_off
-    assert mech[:, 2].sum() >= 1 and mech[:, 3].sum() >= 1  # (iii) both directions happen
-    assert 0 < mech[:, 4].mean() < 1  # a real mix, not the origin split
+def test_mechanism_no_exchange_while_gap_nonpositive_and_both_directions(mechanism_summary):
+    m = mechanism_summary
+    assert m["dare/moves_while_gap_nonpositive"] == 0  # (i)
+    assert m["dare/moves_off_to_relaxed_total"] >= 1 and m["dare/moves_on_to_constrained_total"] >= 1  # (iii)
+    assert 0 < m["dare/online_constrained_share_last"] < 1  # a real mix, not the origin split
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,  # recorded as not reproduced in seeds/dare.yaml: a pass here means the card must change
-    reason="not reproduced: the reconstructed drift checks (ii)/(iv) assume the online phase starts from a near-"
-    "converged AWR policy (gap < 0); here offline IQL ends weak and the gap starts positive and "
-    "shrinks (the recorded card shows the offline-end scores)",
-)
-def test_mechanism_gap_drift_as_reconstructed(pendulum_mechanism):
-    mech = pendulum_mechanism
-    steps, gap = mech[:, 0], mech[:, 1]
-    first, last = steps <= steps[0] + 1500, steps > steps[-1] - 1500
-    assert gap[last].mean() > gap[first].mean()  # (ii) the policy drifts away
-    assert mech[steps > steps[-1] - 1000, 4].mean() < 0.5  # (iv)
+def test_mechanism_gap_drift(mechanism_summary):
+    """(ii) the policy drifts away from the behaviour model: the mean gap μ_on − μ_off over the last 1.5k
+    online steps exceeds its mean over the first 1.5k (spec's validation run: −0.04 -> +0.006)."""
+    assert mechanism_summary["dare/gap_drift"] > 0
 
 
 @pytest.mark.slow
-def test_effect_dare_vs_iql_o2o_two_seeds(tmp_path):
+def test_mechanism_relaxed_majority_at_the_end(mechanism_summary):
+    """(iv) over the last 1000 online steps fewer than half of the online-origin samples are labelled
+    offline-like (spec's validation run: ≈ 0.35)."""
+    assert mechanism_summary["dare/online_constrained_share_last"] < 0.5
+
+
+@pytest.mark.slow
+def test_effect_no_collapse_and_not_worse_than_iql_o2o(tmp_path):
+    """Spec §7.8 on the seeds of the card, trained here: DARE's final score >= its own offline-end score − 5
+    and >= IQL-O2O's − 5 (means over seeds). The card's claims (margins, intervals) are judged by
+    tests/test_cards_slow.py."""
     from litlab.cards import load_card
     from litlab.repro import reproduce
 
-    result = reproduce(load_card(ROOT / "seeds/dare.yaml"), "quick", out_root=tmp_path)
-    assert result.passed, result.clauses
+    result = reproduce(
+        load_card(ROOT / "seeds/dare.yaml"),
+        "quick",
+        only=["dare", "dare_offline_end", "iql_o2o"],
+        out_root=tmp_path,
+    )
+    mean = {name: run.mean for name, run in result.runs.items()}
+    assert mean["dare"] >= mean["dare_offline_end"] - 5, mean
+    assert mean["dare"] >= mean["iql_o2o"] - 5, mean

@@ -1,5 +1,6 @@
 """NGT (arXiv 2509.26294) checks: frozen prior, Lipschitz construction, HL-Gauss, the adversarial step, the
-transport bound, reward shaping, and (slow) the effect on Pendulum from 20 expert transitions."""
+transport bound, reward shaping, and (slow) the effect on Pendulum from 20 expert transitions (a demo per
+seed)."""
 
 import math
 from pathlib import Path
@@ -231,14 +232,19 @@ def test_rewards_are_recomputed_with_the_current_predictor():
     assert not torch.allclose(model.reward(agent), before)
 
 
-# ---- effect (Pendulum, 20 expert transitions, 2 seeds) ---------------------------------------
+# ---- effect (Pendulum, 20 expert transitions, the card's seeds) -----------------------------------
 @pytest.mark.slow
-def test_effect_ngt_beats_red_from_20_transitions(tmp_path):
+def test_effect_ngt_expert_level_and_above_red_from_20_transitions(tmp_path):
+    """Spec §7.8 on the card's seeds, trained here: NGT's mean normalised return after 8k steps >= 0.7 and at
+    least 0.1 above the RED-style variant's. The card's claims (intervals over seeds) are judged by
+    tests/test_cards_slow.py."""
     from litlab.cards import load_card
     from litlab.repro import reproduce
 
-    result = reproduce(load_card(ROOT / "seeds/ngt.yaml"), "quick", out_root=tmp_path)
-    assert result.passed, result.clauses  # wall times (< 3 min CPU per run) are recorded in the card
+    result = reproduce(load_card(ROOT / "seeds/ngt.yaml"), "quick", only=["ngt", "red"], out_root=tmp_path)
+    mean = {name: run.mean for name, run in result.runs.items()}
+    assert mean["ngt"] >= 0.7, mean
+    assert mean["ngt"] >= mean["red"] + 0.1, mean
 
 
 def test_running_obs_normaliser_path_and_state_only_input():

@@ -231,10 +231,10 @@ class DARE(RLModule):
     def configure_optimizers(self):
         opt = self.optim
         return [
-            torch.optim.Adam(self.actor.parameters(), lr=opt.lr_actor),
-            torch.optim.Adam(self.critic.parameters(), lr=opt.lr_critic),
-            torch.optim.Adam(self.value.parameters(), lr=opt.lr_critic),
-            torch.optim.Adam(self.behavior.parameters(), lr=self.behavior_model.lr),
+            torch.optim.Adam(self.actor.parameters(), lr=opt.lr_actor, foreach=True),
+            torch.optim.Adam(self.critic.parameters(), lr=opt.lr_critic, foreach=True),
+            torch.optim.Adam(self.value.parameters(), lr=opt.lr_critic, foreach=True),
+            torch.optim.Adam(self.behavior.parameters(), lr=self.behavior_model.lr, foreach=True),
         ]
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
@@ -306,9 +306,13 @@ class DARE(RLModule):
 
     def on_train_end(self) -> None:
         """The mechanism numbers go into the run's final metrics (``summary.json``), where a card reads
-        them."""
+        them, and so does ``eval/score_gain``: the final score minus the score at the end of the offline
+        phase (spec §7.8: no fine-tuning collapse)."""
+        metrics = self.trainer.callback_metrics
         for key, value in self.mechanism_summary().items():
-            self.trainer.callback_metrics[key] = torch.tensor(value)
+            metrics[key] = torch.tensor(value)
+        if "eval/score" in metrics and "eval/score_offline_end" in metrics:
+            metrics["eval/score_gain"] = metrics["eval/score"] - metrics["eval/score_offline_end"]
 
     def start_online_phase(self) -> None:
         """Stage A ends: the behaviour model is frozen for the whole online phase (it stands for the offline
