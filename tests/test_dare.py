@@ -263,6 +263,13 @@ def test_mechanism_no_exchange_while_gap_nonpositive_and_both_directions(mechani
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,  # recorded in seeds/dare.yaml as not reproduced (policy_drifts_from_behaviour): a pass here
+    # means the card must change
+    reason="not reproduced on LowTorquePendulum-v0: offline IQL ends weak (score ≈ 15, the data set's level), so "
+    "the online policy starts *less* behaviour-consistent than the data (gap ≈ +0.03..+0.06 in the first 1.5k "
+    "steps) and moves toward it (gap ≈ +0.01 at the end): the drift is negative on every seed of the card",
+)
 def test_mechanism_gap_drift(mechanism_summary):
     """(ii) the policy drifts away from the behaviour model: the mean gap μ_on − μ_off over the last 1.5k
     online steps exceeds its mean over the first 1.5k (spec's validation run: −0.04 -> +0.006)."""
