@@ -171,7 +171,9 @@ def test_smollm2_sale_keeps_retrieval():  # a real pretrained model
     from litlab.lit_modules.longctx.harness import FrozenLM, load_frozen_lm
 
     model, tok = load_frozen_lm(FrozenLM("smollm2"))
-    items = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=2).prompts("val")
+    # the repeated RULER filler: a mechanism check (SALE keeps an easy retrieval); the card's SmolLM2 runs use prose
+    dm = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=2, filler="repeat")
+    items = dm.prompts("val")
     method = SALEMethod("sale", SALEConfig(impl="reference"), 0.1, min_seq_len=0, measure_error=False)
     for it in items:
         r = greedy_generate(model, method, torch.cat([it["context_ids"], it["query_ids"]])[None], None, 7)

@@ -50,10 +50,10 @@ def tiny_passkey_llama(
     loss on the answer only; cached under LITLAB_CACHE (safetensors, keyed by the arguments).
 
     The task, size and recipe are our choice (neither paper has a tiny model); the seed matters for the T=64 -> 256
-    length extrapolation the cards evaluate. Measured (32 prompts at T=256, dense / xKV G=4 r1=1 / single-layer SVD
-    r1=2): seed 0 0.84 / 0.84 / 0.31 (fails the cards' gate dense >= 0.9), seed 1 0.97 / 0.97 / 0.94, seed 2
-    0.94 / 0.81 / 0.91. Seed 1 is the first seed that
-    passes the gate. Untied embeddings (seed 0: dense 1.00) learn another circuit: layer-0 attention is broad (SALE
+    length extrapolation the cards evaluate, so the cards train one model per card seed (``lm.tiny_seed: "{seed}"``;
+    the seed is part of the cache key) and report across them. Measured earlier (32 fixed prompts at T=256, dense /
+    xKV G=4 r1=1 / single-layer SVD r1=2): seed 0 0.84 / 0.84 / 0.31, seed 1 0.97 / 0.97 / 0.94, seed 2
+    0.94 / 0.81 / 0.91. Untied embeddings (seed 0: dense 1.00) learn another circuit: layer-0 attention is broad (SALE
     keeps ~80% of layer 0's middle blocks at tau 0.1, so the density-matched pooled baseline keeps as many there and
     still finds the needle: 0.84) and xKV's loss comes from layer 0's values alone (G=4 r1=1 0.63, keys-only 1.00).
     """
