@@ -273,13 +273,15 @@ def load_card(path: str | Path, check_falsifiable: bool = True) -> Card:
     where = str(path)
     if not isinstance(raw, dict):
         raise CardError(f"{where}: a card is a mapping, got {type(raw).__name__}")
-    legacy = "expectation" in raw and "claims" not in raw  # TRANSITIONAL: removed once every card has claims
-    if legacy:
-        raw = {k: v for k, v in raw.items() if k != "expectation"}
+    if "expectation" in raw:
+        raise CardError(
+            f"{where}: 'expectation' (one boolean expression over means) was replaced by 'claims' "
+            "(see litlab/cards.py)"
+        )
     unknown = set(raw) - _CARD_KEYS
     if unknown:
         raise CardError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_CARD_KEYS)}")
-    for key in ("title", "claim", "metric", "runs") + (() if legacy else ("claims",)):
+    for key in ("title", "claim", "metric", "runs", "claims"):
         if key not in raw:
             raise CardError(f"{where}: missing required key '{key}'")
 
@@ -296,9 +298,9 @@ def load_card(path: str | Path, check_falsifiable: bool = True) -> Card:
         raise CardError(f"{where}: 'runs' must be a non-empty mapping of run name -> {{config, overrides}}")
     runs = {name: _parse_run(where, name, spec) for name, spec in raw["runs"].items()}
 
-    if not legacy and (not isinstance(raw["claims"], list) or not raw["claims"]):
+    if not isinstance(raw["claims"], list) or not raw["claims"]:
         raise CardError(f"{where}: 'claims' must be a non-empty list")
-    claims = tuple(_parse_claim(where, i, c, runs) for i, c in enumerate(raw.get("claims") or []))
+    claims = tuple(_parse_claim(where, i, c, runs) for i, c in enumerate(raw["claims"]))
     ids = [c.id for c in claims]
     if len(set(ids)) != len(ids):
         raise CardError(f"{where}: claim ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
@@ -312,7 +314,7 @@ def load_card(path: str | Path, check_falsifiable: bool = True) -> Card:
         s: tuple(int(x) for x in (scales_raw.get(s) or {}).get("seeds", [0, 1, 2] if s == "quick" else [0]))
         for s in SCALES
     }
-    if len(set(seeds["quick"])) < MIN_QUICK_SEEDS and not legacy:
+    if len(set(seeds["quick"])) < MIN_QUICK_SEEDS:
         raise CardError(
             f"{where}: scales.quick.seeds {list(seeds['quick'])}: a claim over seeds needs at least "
             f"{MIN_QUICK_SEEDS} distinct seeds"

@@ -301,7 +301,7 @@ def test_override_args_format():
 
 def test_full_scale_offline_stops_at_once_with_what_is_missing(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert repro_main(["lokra", "--scale", "full", "--out", str(tmp_path), "--only", "lora_lm"]) == 2
+    assert repro_main(["lokra", "--scale", "full", "--out", str(tmp_path), "--only", "lora_full"]) == 2
     err = capsys.readouterr().err
     assert "meta-llama/Meta-Llama-3-8B" in err and "hf download" in err
 
