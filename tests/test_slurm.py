@@ -102,6 +102,10 @@ def test_two_task_ddp_job_runs_both_ranks(tmp_path, capsys, monkeypatch):
 @needs_cluster
 def test_sigusr1_requeues_and_resumes(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
+    # sbatch exports this process's environment: a MASTER_PORT left by an in-process DDP fit of another test in
+    # this worker would pin the job's rendezvous to a port that may be taken (EADDRINUSE seen under xdist)
+    for name in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
     job, run_dir = submit(
         capsys,
         [
