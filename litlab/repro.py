@@ -639,7 +639,11 @@ def main(argv: list[str]) -> int:
         # a full-scale run on a machine without the model or data: say what is missing, no traceback
         print(f"litlab repro {card.slug} --scale {args.scale}: {err}", file=sys.stderr)
         return 2
-    command = "litlab repro " + " ".join(argv)
+    # a machine's own folders stay out of the card: an absolute --out is recorded as a placeholder
+    command = "litlab repro " + " ".join(
+        "<out folder>" if i and argv[i - 1] == "--out" and Path(a).is_absolute() else a
+        for i, a in enumerate(argv)
+    )
     out_dir = args.out / card.slug
     atomic_write_json(out_dir / "results.json", res.to_json())
     atomic_write_text(out_dir / "report.md", render_markdown(card, res, command))
