@@ -17,8 +17,12 @@ import triton
 import triton.language as tl
 
 from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, use_triton
+from litlab.kernels.flex_block_sparse import block_sparse_attention_flex
 
 LOG2E = 1.4426950408889634
+# ``impl="auto"`` on the CPU: the compiled flex_attention path from this many query rows on (it skips the
+# unselected blocks; compiling costs ~9-25 s once per process), the fp32 masked reference below (dense, N^2 memory)
+FLEX_MIN_TOKENS = 1024
 
 
 def _block_sparse_attn_fwd(
@@ -168,8 +172,18 @@ def block_sparse_attention(
     return_lse: bool = False,
     impl: str = "auto",
 ):
-    """o [B,H,M,d] (and lse [B,H,M] fp32) of attention restricted to the allowed blocks (see module doc)."""
+    """o [B,H,M,d] (and lse [B,H,M] fp32) of attention restricted to the allowed blocks (see module doc).
+
+    ``impl``: the dispatch rules of ``kernels.dispatch``, plus ``"flex"`` (the compiled ``flex_attention`` path of
+    ``kernels.flex_block_sparse``, no lse), which ``"auto"`` takes on CPU tensors from ``FLEX_MIN_TOKENS`` query
+    rows on (shorter prompts: the reference)."""
     _check(q, k, v, block_mask, block_q, block_k)
+    if impl == "flex" or (
+        impl == "auto" and not q.is_cuda and q.shape[2] >= FLEX_MIN_TOKENS and not return_lse
+    ):
+        if return_lse:
+            raise ValueError("impl='flex' returns no lse (compiled CPU flex_attention cannot)")
+        return block_sparse_attention_flex(q, k, v, block_mask, block_q, block_k, causal, sm_scale)
     if not use_triton(impl, q, k, v):
         return block_sparse_attention_reference(
             q, k, v, block_mask, block_q, block_k, causal, sm_scale, return_lse
