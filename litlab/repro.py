@@ -78,57 +78,114 @@ _CHILD_REUSED = 3  # exit code of a child whose run had already finished
 
 
 def _child_fit(args: list[str]) -> int:
-    """Entry point of a ``--jobs`` worker process: one fit, skipped when it already finished."""
-    # litlab.cli imports every method module (seconds): only once a run starts
-    from litlab.__main__ import prepare_process
+    """One fit in a ``--jobs`` worker, skipped when it already finished."""
     from litlab.cli import LitlabCLI, RunAlreadyFinished
 
-    prepare_process()
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logging.getLogger(name).setLevel(logging.WARNING)
     sys.argv = sys.argv[:1]  # the args come as `args`; LightningCLI warns when they come from both places
     try:
         LitlabCLI(args=args, skip_finished=True)
     except RunAlreadyFinished:
         return _CHILD_REUSED
+    finally:
+        _finish_wandb_run()
+    return 0
+
+
+def _worker_loop() -> int:
+    """A ``--jobs`` worker process: imports once (litlab.cli imports every method module: seconds), then fits
+    one task per line of stdin (``{"args": [...], "log": path}``), each with its output in its own log file,
+    and answers each task's exit code on a line of its stdout, exactly as a process per fit would (in-process
+    fits one after another are what ``--jobs 1`` does)."""
+    import os
+    import traceback
+
+    from litlab.__main__ import prepare_process
+
+    prepare_process()
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    control = os.fdopen(os.dup(1), "w")
+    for line in sys.stdin:
+        task = json.loads(line)
+        with open(task["log"], "wb") as log:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            try:
+                code = _child_fit(task["args"])
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else 1
+            except BaseException:  # the run's error goes to its log; the worker takes the next task
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+        control.write(f"{code}\n")
+        control.flush()
     return 0
 
 
 def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path) -> set[str]:
-    """Fit each distinct argument list in its own process, ``workers`` at a time; returns the keys that ran.
+    """Fit each distinct argument list in a pool of ``workers`` processes; returns the keys that ran.
 
     Separate processes, one thread each, are how a 20-run card uses every core: in one process the runs of a
-    card are sequential and tiny models cannot keep two cores busy. Each child writes ``log_dir/<key>.log``.
+    card are sequential and tiny models cannot keep two cores busy. Each worker lives for the whole card (one
+    import, not one per fit) and writes ``log_dir/<key>.log`` per fit.
     """
     import os
+    import queue
     import subprocess
-    from concurrent.futures import ThreadPoolExecutor
+    import threading
 
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    code = "import sys; from litlab.repro import _child_fit; sys.exit(_child_fit(sys.argv[1:]))"
+    code = "import sys; from litlab.repro import _worker_loop; sys.exit(_worker_loop())"
+    pending: queue.Queue[str] = queue.Queue()
+    for key in jobs:
+        pending.put(key)
+    exit_codes: dict[str, int] = {}
 
-    def launch(key: str) -> tuple[str, int]:
-        with open(log_dir / f"{key}.log", "wb") as log:
-            proc = subprocess.run(
-                [sys.executable, "-c", code, *jobs[key]],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=Path.cwd(),
-            )
-        return key, proc.returncode
+    def serve() -> None:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=Path.cwd(),
+            text=True,
+        )
+        try:
+            while True:
+                try:
+                    key = pending.get_nowait()
+                except queue.Empty:
+                    break
+                proc.stdin.write(json.dumps({"args": jobs[key], "log": str(log_dir / f"{key}.log")}) + "\n")
+                proc.stdin.flush()
+                answer = proc.stdout.readline()
+                if not answer:  # the worker died (killed, out of memory): the rest go to another worker
+                    exit_codes[key] = proc.wait()
+                    return
+                exit_codes[key] = int(answer)
+        finally:
+            if proc.poll() is None:
+                proc.stdin.close()
+                proc.wait()
 
+    threads = [threading.Thread(target=serve) for _ in range(min(workers, len(jobs)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     ran = set()
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for key, code_ in pool.map(launch, jobs):
-            if code_ not in (0, _CHILD_REUSED):  # rerun in-process next, where its error surfaces as usual
-                print(
-                    f"litlab repro: worker for {key} exited {code_} (log {log_dir / f'{key}.log'})",
-                    file=sys.stderr,
-                )
-            elif code_ == 0:
-                ran.add(key)
+    for key in jobs:
+        code_ = exit_codes.get(key)
+        if code_ not in (0, _CHILD_REUSED):  # rerun in-process next, where its error surfaces as usual
+            what = "no worker ran it" if code_ is None else f"its worker answered {code_}"
+            print(f"litlab repro: {key}: {what} (log {log_dir / f'{key}.log'})", file=sys.stderr)
+        elif code_ == 0:
+            ran.add(key)
     return ran
 
 
@@ -479,6 +536,7 @@ def record_into_card(card: Card, res: CardResult, command: str) -> None:
             "seeds": res.seeds,
             "status": res.status,
             "wall_time_s": res.wall_time_s,
+            "reused_runs": res.reused_runs,  # > 0: wall_time_s did not time those runs
             "claims": claims,
             "results": results,
         }

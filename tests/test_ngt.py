@@ -11,8 +11,14 @@ import pytest
 import torch
 from scipy.stats import norm
 
+from litlab.lit_modules.rl.nets import mlp
 from litlab.lit_modules.rl.ngt import NGT, RewardModel, SACSettings, Schedule
-from litlab.lit_modules.rl.random_prior import RandomPriorPotential, RewardShaper, hl_gauss_targets
+from litlab.lit_modules.rl.random_prior import (
+    RandomPriorPotential,
+    RewardShaper,
+    freeze_spectral_norm,
+    hl_gauss_targets,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 GAIN = math.sqrt(2 / (1 + 0.2**2))
@@ -92,11 +98,33 @@ def test_orthogonal_init_before_spectral_norm():
     for seq in (net.predictor, net.prior):
         layers = [m for m in seq.modules() if isinstance(m, torch.nn.Linear)]
         for i, layer in enumerate(layers):
-            w = layer.parametrizations.weight.original.detach().double()
-            g = 1.0 if i == len(layers) - 1 else GAIN
+            if seq is net.prior:  # frozen: its weight is already W/σ(W), every singular value 1
+                w, g = layer.weight.detach().double(), 1.0
+            else:
+                w = layer.parametrizations.weight.original.detach().double()
+                g = 1.0 if i == len(layers) - 1 else GAIN
             gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
             assert torch.allclose(gram, g**2 * torch.eye(len(gram), dtype=torch.float64), atol=1e-5)
             assert torch.all(layer.bias == 0)
+
+
+def test_frozen_prior_is_the_spectral_norm_prior_of_the_released_code():
+    """The prior's spectral norm is computed once (freeze_spectral_norm); the released code's prior keeps
+    its parametrisation and runs one power iteration per training-mode forward. Same outputs over a run."""
+
+    def prior():
+        torch.manual_seed(0)
+        kw = dict(activation="leaky_relu", orthogonal_gain=GAIN, head_gain=1.0, spectral_norm=True)
+        return mlp(10, (64, 64), 32, **kw)
+
+    reference, frozen = prior(), prior()
+    freeze_spectral_norm(frozen, 10)
+    assert not any(torch.nn.utils.parametrize.is_parametrized(m) for m in frozen)
+    x = torch.randn(512, 10)
+    with torch.no_grad():
+        for _ in range(300):
+            out = reference(x)
+    assert torch.allclose(frozen(x), out, atol=1e-5, rtol=0)
 
 
 # ---- HL-Gauss ------------------------------------------------------------------------------

@@ -329,13 +329,15 @@ def test_optional_runs_need_all_and_their_claims_are_skipped(tmp_path):
 
 def test_jobs_run_in_worker_processes_with_the_same_numbers(tmp_path):
     card = load_card(write_card(tmp_path))
-    parallel = reproduce(card, seeds=[0], out_root=tmp_path / "par", jobs=2)
+    # 4 fits on 2 long-lived workers: each worker fits more than one run, one after another
+    parallel = reproduce(card, seeds=[0, 1], out_root=tmp_path / "par", jobs=2)
     assert not any(r.reused for r in parallel.runs["lora"].runs + parallel.runs["plus"].runs)
     assert all(r.reused for r in parallel.runs["plus_rank"].runs)  # shares `plus`'s run
-    assert (tmp_path / "par" / "tiny" / "logs" / "lora-s0.log").exists()
-    serial = reproduce(card, seeds=[0], out_root=tmp_path / "ser")  # one thread in-process too
+    logs = tmp_path / "par" / "tiny" / "logs"
+    assert {p.name for p in logs.iterdir()} == {f"{r}-s{s}.log" for r in ("lora", "plus") for s in (0, 1)}
+    serial = reproduce(card, seeds=[0, 1], out_root=tmp_path / "ser")  # one thread in-process too
     assert {n: r.values for n, r in parallel.runs.items()} == {n: r.values for n, r in serial.runs.items()}
-    again = reproduce(card, seeds=[0], out_root=tmp_path / "par", jobs=2)
+    again = reproduce(card, seeds=[0, 1], out_root=tmp_path / "par", jobs=2)
     assert all(r.reused for run in again.runs.values() for r in run.runs)
 
 

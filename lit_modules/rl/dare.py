@@ -35,7 +35,7 @@ import torch
 from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.rl import iql
 from litlab.lit_modules.rl.behavior import DiffusionBehavior, GaussianBehavior
-from litlab.lit_modules.rl.module import RLModule
+from litlab.lit_modules.rl.module import RLModule, adam
 from litlab.lit_modules.rl.nets import TanhGaussianActor, TwinCritic, ValueNet
 from litlab.lit_modules.rl.sac import actor_loss_per_sample, polyak_update
 
@@ -231,10 +231,10 @@ class DARE(RLModule):
     def configure_optimizers(self):
         opt = self.optim
         return [
-            torch.optim.Adam(self.actor.parameters(), lr=opt.lr_actor, foreach=True),
-            torch.optim.Adam(self.critic.parameters(), lr=opt.lr_critic, foreach=True),
-            torch.optim.Adam(self.value.parameters(), lr=opt.lr_critic, foreach=True),
-            torch.optim.Adam(self.behavior.parameters(), lr=self.behavior_model.lr, foreach=True),
+            adam(self.actor.parameters(), opt.lr_actor),
+            adam(self.critic.parameters(), opt.lr_critic),
+            adam(self.value.parameters(), opt.lr_critic),
+            adam(self.behavior.parameters(), self.behavior_model.lr),
         ]
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:

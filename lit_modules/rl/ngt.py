@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 
 from litlab.lit_modules.core.config import config_part
-from litlab.lit_modules.rl.module import RLModule
+from litlab.lit_modules.rl.module import RLModule, adam
 from litlab.lit_modules.rl.nets import RunningNorm, TanhGaussianActor, TwinCritic
 from litlab.lit_modules.rl.random_prior import RandomPriorPotential, RewardShaper
 from litlab.lit_modules.rl.sac import actor_loss_per_sample, critic_loss, polyak_update, temperature_loss
@@ -127,10 +127,10 @@ class NGT(RLModule):
     def configure_optimizers(self):
         rw, sac = self.reward_model, self.sac
         return [
-            torch.optim.Adam(self.reward_net.predictor.parameters(), lr=rw.lr),
-            torch.optim.Adam(self.critic.parameters(), lr=sac.critic_lr),
-            torch.optim.Adam(self.actor.parameters(), lr=sac.actor_lr),
-            torch.optim.Adam([self.log_alpha], lr=sac.alpha_lr),
+            adam(self.reward_net.predictor.parameters(), rw.lr),
+            adam(self.critic.parameters(), sac.critic_lr),
+            adam(self.actor.parameters(), sac.actor_lr),
+            adam([self.log_alpha], sac.alpha_lr),
         ]
 
     def norm(self, obs: torch.Tensor) -> torch.Tensor:
@@ -240,7 +240,7 @@ class BehaviorCloning(RLModule):
         self.dims = (obs_dim, act_dim)
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.actor.parameters(), lr=self.hparams.lr)
+        return adam(self.actor.parameters(), self.hparams.lr)
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         return self.actor.act(obs, deterministic)

