@@ -248,11 +248,22 @@ def quant_qk_block_select(
     sm_scale=None,
     impl: str = "auto",
 ):
-    """Block mask uint8 [B,H,ceil(N/block_q),ceil(N/block_k)] from `smooth_quantize` outputs (prefill: M = N)."""
+    """Block mask uint8 [B,H,ceil(N/block_q),ceil(N/block_k)] from `smooth_quantize` outputs (prefill: M = N).
+
+    ``impl``: the rules of ``kernels.dispatch``, plus ``"int8"`` (``kernels.block_select_cpu``: exact int8 products
+    of the codes, CPU), which ``"auto"`` takes on CPU tensors from ``INT8_MIN_TOKENS`` tokens on."""
     B, H, N, d = q.shape
     if k_s.shape[2] != N:
         raise ValueError(f"selection is for prefill (M == N); got q {tuple(q.shape)}, k {tuple(k_s.shape)}")
     tau = torch.as_tensor(tau, dtype=torch.float32, device=q.device).expand(H).contiguous()
+    from litlab.kernels.block_select_cpu import INT8_MIN_TOKENS, block_select_int8, int8_selection_supported
+
+    if impl == "int8" or (
+        impl == "auto" and not q.is_cuda and N >= INT8_MIN_TOKENS and int8_selection_supported(qi, block_k)
+    ):
+        return block_select_int8(
+            q, k_s, qi, ki, sq, sk, c, tau, block_q, block_k, local_blocks, seg_blocks, sm_scale
+        )
     if not use_triton(impl, q, k_s):
         return block_select_reference(
             q, k_s, qi, ki, sq, sk, c, tau, block_q, block_k, local_blocks, seg_blocks, sm_scale

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from litlab.kernels import block_sparse_attention as bsa
+from litlab.kernels.block_select import block_select_reference, quant_qk_block_select, smooth_quantize
+from litlab.kernels.block_select_cpu import INT8_MIN_TOKENS, block_select_int8
 from litlab.kernels.block_sparse_attention import block_sparse_attention, block_sparse_attention_reference
 from litlab.kernels.flex_block_sparse import block_mask_from_selection, block_sparse_attention_flex
 from litlab.lit_modules.longctx.sale import (
@@ -85,6 +87,48 @@ def test_auto_takes_flex_on_cpu_from_flex_min_tokens(monkeypatch):
     assert calls == [bsa.FLEX_MIN_TOKENS]  # shorter prompts (the quick card's 256 tokens) keep the reference
     with pytest.raises(ValueError, match="no lse"):
         block_sparse_attention(q, q, q, sel, return_lse=True, impl="flex")
+
+
+@pytest.mark.parametrize(
+    "inputs, blocks",
+    [
+        ("sink_needle", SALEConfig()),
+        ("random_gqa", SALEConfig()),
+        ("random_gqa", SALEConfig(16, 16, 32, 32)),  # the quick card's geometry
+        (
+            "random_gqa",
+            SALEConfig(128, 32, 64, 64),
+        ),  # middle blocks that reach the diagonal: entry-level causal
+    ],
+)
+def test_int8_selection_equals_reference(inputs, blocks):
+    """Exact int8 products of the 4-bit codes + fp32 dequantisation (as the Triton kernel) against the fp32
+    reference: equal masks except on blocks whose reference margin is within 1e-4 of 0 (the kernel tests' band)."""
+    if inputs == "sink_needle":
+        q, k, _ = (t[None] for t in sink_needle_inputs(H=4, N=1000, d=64, n_needles=60))
+        tau = torch.tensor([0.01, 0.0, 0.1, float("inf")])  # a dense head (tau 0) and a reserved-only head
+    else:
+        gen = torch.Generator().manual_seed(3)
+        q, k = 2 * torch.randn(1, 6, 1100, 32, generator=gen), torch.randn(1, 2, 1100, 32, generator=gen)
+        tau = 0.001
+    quant = smooth_quantize(q, k, 4)
+    mask = block_select_int8(q, *quant, tau, **blocks.blocks())
+    ref, margin = block_select_reference(q, *quant, tau, **blocks.blocks(), return_margin=True)
+    assert mask.dtype == ref.dtype and mask.shape == ref.shape
+    differ = mask != ref
+    assert not (differ & ~(margin.abs() < 1e-4)).any()
+    assert 0 < int(ref.sum()) < ref.numel()
+
+
+def test_auto_selection_takes_int8_on_cpu_from_its_threshold(monkeypatch):
+    from litlab.kernels import block_select_cpu
+
+    calls = []
+    monkeypatch.setattr(block_select_cpu, "block_select_int8", lambda q, *a, **kw: calls.append(q.shape[2]))
+    for n in (INT8_MIN_TOKENS - 1, INT8_MIN_TOKENS):
+        q = torch.randn(1, 1, n, 16)
+        quant_qk_block_select(q, *smooth_quantize(q, q), 0.1)
+    assert calls == [INT8_MIN_TOKENS]
 
 
 @pytest.mark.slow

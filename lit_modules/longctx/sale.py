@@ -78,8 +78,8 @@ class SALEConfig:
     """Block geometry of SALE (defaults: the official scripts'): query blocks of ``block_q`` rows, key blocks of
     ``block_k``; the last ``local_window`` tokens are always kept, the middle region is cut into whole segments of
     ``segment`` tokens; ``bits``-bit estimation; ``impl``: ``triton`` kernels, ``reference`` PyTorch, ``flex``
-    (the computation pass on the compiled ``flex_attention``, selection in PyTorch), or ``auto`` (Triton on CUDA;
-    on the CPU flex from ``FLEX_MIN_TOKENS`` = 1024 tokens, the reference below)."""
+    (the computation pass on the compiled ``flex_attention``, selection as ``auto``), or ``auto`` (Triton on CUDA;
+    on the CPU from 1024 tokens the int8-product selection and the flex computation pass, the reference below)."""
 
     block_q: int = 64
     block_k: int = 32
@@ -129,7 +129,7 @@ def sale_block_mask(q, k, tau, cfg: SALEConfig, sm_scale=None):
     """(mask uint8 [B,H,nQ,nK], k' = k - mean k): smoothing + quantisation, then block selection (kernel or
     reference)."""
     quant = smooth_quantize(q, k, cfg.bits)
-    impl = "reference" if cfg.impl == "flex" else cfg.impl  # flex is the computation pass only
+    impl = "auto" if cfg.impl == "flex" else cfg.impl  # flex names the computation pass; selection as auto
     mask = quant_qk_block_select(q, *quant, tau, sm_scale=sm_scale, impl=impl, **cfg.blocks())
     return mask, quant[0]
 
