@@ -25,7 +25,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -273,9 +273,40 @@ class AdapterLinear(nn.Module):
             self.input_second_moment = self.input_second_moment * (self.n_tokens / n) + total / n
         self.n_tokens = n
 
+    # The fused LoRA kernel (kernel c2, ``kernels/lora_linear.py``: W₀x + b₀ + s·B(Ax) in one pass) replaces the
+    # unfused sum when exactly one unmerged branch is active, it is a plain ``LowRankBranch`` without dropout, and
+    # x, W₀ and the factors share one dtype. ``auto``: on CUDA only; ``triton``: also on the CPU (needs
+    # TRITON_INTERPRET=1, for tests); ``reference``: never.
+    fused_impl: ClassVar[Literal["auto", "triton", "reference"]] = "auto"
+
+    def fused_branch(self, x: Tensor) -> LowRankBranch | None:
+        """The branch the fused kernel would compute for this input, or None (unfused path)."""
+        if self.fused_impl == "reference" or (self.fused_impl == "auto" and not x.is_cuda):
+            return None
+        active = [n for n in self.branches if n not in self._merged]
+        if len(active) != 1:
+            return None
+        branch = self.branches[active[0]]
+        if (
+            type(branch) is not LowRankBranch
+            or not isinstance(branch.dropout, nn.Identity)
+            or branch.rank > 128
+        ):
+            return None
+        if not (x.dtype == self.base.weight.dtype == branch.A.dtype == branch.B.dtype):
+            return None
+        return branch
+
     def forward(self, x: Tensor) -> Tensor:
         if self.stats_mode == "accumulate":
             self._accumulate(x)
+        branch = self.fused_branch(x)
+        if branch is not None:
+            from litlab.kernels.lora_linear import lora_linear  # imports triton: only when it runs
+
+            return lora_linear(
+                x, self.base.weight, branch.A, branch.B, branch.scale, self.base.bias, impl="triton"
+            )
         y = self.base(x)
         for name, branch in self.branches.items():
             if name not in self._merged:
