@@ -16,11 +16,13 @@ import importlib
 import json
 import logging
 import math
+import re
 import statistics
 import sys
 import time
 from datetime import date
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -91,6 +93,21 @@ def _child_fit(args: list[str]) -> int:
     return 0
 
 
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """A worker stops when the ``litlab repro`` that started it dies (even by SIGKILL), not after its fit."""
+    import os
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _worker_loop() -> int:
     """A ``--jobs`` worker process: imports once (litlab.cli imports every method module: seconds), then fits
     one task per line of stdin (``{"args": [...], "log": path}``), each with its output in its own log file,
@@ -104,6 +121,7 @@ def _worker_loop() -> int:
     prepare_process()
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    _exit_with_parent()
     control = os.fdopen(os.dup(1), "w")
     for line in sys.stdin:
         task = json.loads(line)
@@ -249,7 +267,7 @@ def reproduce(
         runs = {n: r for n, r in runs.items() if not r.optional}
     out_dir = out_root / card.slug
     started = time.time()
-    ran_in_workers: set[str] = set()
+    fitted_here: set[Path] = set()  # run folders fitted by this invocation (shared by entries of one run)
     if jobs > 1:
         distinct: dict[str, list[str]] = {}
         for name in runs:
@@ -258,12 +276,19 @@ def reproduce(
                 if args not in distinct.values():  # card entries that differ only in the metric share a run
                     distinct[f"{name}-s{s}"] = args
         ran_in_workers = fit_in_subprocesses(distinct, jobs, out_dir / "logs")
+        ran_args = [distinct[k] for k in ran_in_workers]
     per_run: dict[str, RunResult] = {}
     for name in runs:
-        values = [run_one(card, name, scale, s, out_dir, list(extra or [])) for s in seeds]
-        if jobs > 1:  # the workers ran them; the loop above only read their summaries
-            for s, v in zip(seeds, values):
-                v.reused = v.reused and f"{name}-s{s}" not in ran_in_workers
+        values = []
+        for s in seeds:
+            v = run_one(card, name, scale, s, out_dir, list(extra or []))
+            if jobs > 1 and fit_args(card, name, scale, s, out_dir, list(extra or [])) in ran_args:
+                v.reused = False  # a worker fitted it; run_one only read its summary
+            if not v.reused:
+                fitted_here.add(v.run_dir)
+            elif v.run_dir in fitted_here:  # another entry of this card fitted it moments ago
+                v.reused = False
+            values.append(v)
         xs = [v.value for v in values]
         per_run[name] = RunResult(
             name=name,
@@ -495,6 +520,19 @@ def plot(res: CardResult, path: Path) -> None:
     plt.close(fig)
 
 
+RECORD_ORDER = (
+    "date",
+    "command",
+    "scale",
+    "seeds",
+    "status",
+    "wall_time_s",
+    "reused_runs",
+    "claims",
+    "results",
+)
+
+
 def record_into_card(card: Card, res: CardResult, command: str) -> None:
     """Replace the card's ``recorded:`` block (kept last in the file) with this run's measured numbers."""
     assert card.path is not None
@@ -552,6 +590,24 @@ def record_into_card(card: Card, res: CardResult, command: str) -> None:
     for cid, entry in (earlier.get("claims") or {}).items():
         if cid in claims and claims[cid]["verdict"] == "skipped":
             claims[cid] = entry
+    kinds = {c.id: c.kind for c in card.claims}
+    merged = [
+        SimpleNamespace(kind=kinds[cid], verdict=e["verdict"], holds=e["verdict"] == "pass")
+        for cid, e in claims.items()
+        if cid in kinds
+    ]
+    block["recorded"]["status"] = card_status(merged)
+    default_runs = {n for n, r in card.runs_for(res.scale).items() if not r.optional}
+    if earlier and not default_runs <= set(res.runs):
+        # a partial invocation (--only): the card's date, command and timing stay those of its last full
+        # one; the runs measured now say where they come from
+        for key in ("date", "command", "wall_time_s", "reused_runs"):
+            block["recorded"].pop(key, None)
+            if key in earlier:
+                block["recorded"][key] = earlier[key]
+        block["recorded"] = {k: block["recorded"][k] for k in RECORD_ORDER if k in block["recorded"]}
+        for name in res.runs:
+            results[name]["from"] = f"{res.date}: {command} ({res.wall_time_s} s)"
     derived = {**(earlier.get("derived") or {}), **{k: round(v, 6) for k, v in res.extras.numbers.items()}}
     if derived:
         block["recorded"]["derived"] = derived
@@ -579,15 +635,26 @@ def card_rows(cards_dir: Path | None = None) -> list[tuple[Card | None, str, str
     return out
 
 
+def _wall_time(rec: dict) -> str:
+    """The recorded repro's wall time, as the table shows it: only when it timed every run."""
+    seconds, reused = rec.get("wall_time_s"), rec.get("reused_runs")
+    if seconds is None or reused is None:
+        return "not timed"
+    if reused:
+        return f"{seconds:.0f} s ({reused} runs reused)"
+    jobs = re.search(r"--jobs[ =](\d+)", rec.get("command", ""))
+    return f"{seconds:.0f} s" + (f", --jobs {jobs.group(1)}" if jobs else "")
+
+
 def cards_markdown(cards_dir: Path | None = None) -> str:
     """The README's methods table, made from the cards' recorded blocks (``litlab repro --list --markdown``)."""
     lines = [
-        "| card | paper | status (quick) | claims passed | per claim: d [95 % CI], n |",
-        "|---|---|---|---|---|",
+        "| card | paper | status (quick) | claims passed | wall time | per claim: d [95 % CI], n |",
+        "|---|---|---|---|---|---|",
     ]
     for card, slug, error in card_rows(cards_dir):
         if card is None:
-            lines.append(f"| `{slug}` | invalid card | — | — | {error} |")
+            lines.append(f"| `{slug}` | invalid card | — | — | — | {error} |")
             continue
         rec = card.recorded
         passed, total = _claims_passed(card)
@@ -602,7 +669,7 @@ def cards_markdown(cards_dir: Path | None = None) -> str:
             details.append(f"`{cid}` {entry.get('verdict', '?')}: {body}")
         lines.append(
             f"| [`{slug}`](seeds/{slug}.yaml) | {card.title} | {rec.get('status', 'not recorded')} | "
-            f"{passed}/{total} | {'<br>'.join(details)} |"
+            f"{passed}/{total} | {_wall_time(rec)} | {'<br>'.join(details)} |"
         )
     return "\n".join(lines) + "\n"
 

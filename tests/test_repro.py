@@ -319,10 +319,14 @@ def test_optional_runs_need_all_and_their_claims_are_skipped(tmp_path):
     assert "plus_rank" not in res.runs and res.status == "reproduced"
     assert [c.verdict for c in res.claims] == ["pass", "skipped"]
     repro_main([str(path), "--out", str(tmp_path / "repro"), "--record"])
+    first = load_card(path).recorded
     repro_main([str(path), "--out", str(tmp_path / "repro"), "--only", "plus_rank", "--record"])
     rec = load_card(path).recorded
     assert set(rec["results"]) == {"lora", "plus", "plus_rank"} and "from" in rec["results"]["lora"]
     assert rec["claims"]["plus_beats_lora"]["verdict"] == "pass"  # earlier verdict kept, not "skipped"
+    # a partial invocation keeps the card's command and timing; its own runs say where they come from
+    assert "--only" not in rec["command"] and rec["wall_time_s"] == first["wall_time_s"]
+    assert "--only plus_rank" in rec["results"]["plus_rank"]["from"] and rec["status"] == "reproduced"
     full = reproduce(card, out_root=tmp_path / "repro", include_optional=True)
     assert full.runs["plus_rank"].mean == 64.0 and [c.verdict for c in full.claims] == ["pass", "pass"]
 
@@ -331,8 +335,9 @@ def test_jobs_run_in_worker_processes_with_the_same_numbers(tmp_path):
     card = load_card(write_card(tmp_path))
     # 4 fits on 2 long-lived workers: each worker fits more than one run, one after another
     parallel = reproduce(card, seeds=[0, 1], out_root=tmp_path / "par", jobs=2)
-    assert not any(r.reused for r in parallel.runs["lora"].runs + parallel.runs["plus"].runs)
-    assert all(r.reused for r in parallel.runs["plus_rank"].runs)  # shares `plus`'s run
+    # `plus_rank` shares `plus`'s run: fitted by this invocation, so not "reused" (that means: from before)
+    assert not any(r.reused for run in parallel.runs.values() for r in run.runs)
+    assert parallel.runs["plus_rank"].runs[0].run_dir == parallel.runs["plus"].runs[0].run_dir
     logs = tmp_path / "par" / "tiny" / "logs"
     assert {p.name for p in logs.iterdir()} == {f"{r}-s{s}.log" for r in ("lora", "plus") for s in (0, 1)}
     serial = reproduce(card, seeds=[0, 1], out_root=tmp_path / "ser")  # one thread in-process too
