@@ -13,8 +13,9 @@ it (Hugging Face's SDPA attention), dense through SALE's hook (torch SDPA with `
 
     litlab bench sale_prefill [--lengths 4096 8192 16384] [--tau 0.01] [--threads 1] [--smollm2] [--json out.json]
 
-The ratios come from one run on one (possibly shared) machine: ``--json`` records the load average, threads and
-CPU with them. They are not a claim of the card.
+Times are process CPU seconds on the CPU (load from other processes on a shared machine does not stretch them as
+it stretches wall time; run with ``--threads 1`` there), wall seconds on CUDA; the SmolLM2 part also records wall
+time. The ratios come from one run on one machine: ``--json`` records the load average, threads and CPU with them. They are not a claim of the card.
 """
 
 # ruff: noqa: B023  (each timed lambda is called at once, inside its loop iteration)
@@ -47,11 +48,14 @@ def _sync(device) -> None:
 
 
 def _timed(fn, device):
+    """(result, seconds): process CPU time on the CPU (a shared machine's load does not stretch it; with one torch
+    thread it is the op's own time), wall-clock time on CUDA."""
     _sync(device)
-    t = time.perf_counter()
+    cuda = torch.device(device).type == "cuda"
+    t = time.perf_counter() if cuda else time.process_time()
     out = fn()
     _sync(device)
-    return out, time.perf_counter() - t
+    return out, (time.perf_counter() if cuda else time.process_time()) - t
 
 
 def attention_timing(
@@ -145,8 +149,10 @@ def smollm2_prefill_timing(length: int = 2048, tau: float = 0.1, reps: int = 2, 
     with torch.no_grad():
         for _ in range(reps):
             for name, m in methods.items():
-                res = greedy_generate(model, m, ids, None, 1)
-                times.setdefault(f"{name}_prefill_s", []).append(res["prefill_ms"] / 1e3)
+                t_cpu = time.process_time()
+                res = greedy_generate(model, m, ids, None, 1)  # prefill + the first token's argmax
+                times.setdefault(f"{name}_prefill_s", []).append(time.process_time() - t_cpu)
+                times.setdefault(f"{name}_prefill_wall_s", []).append(res["prefill_ms"] / 1e3)
                 if name == "sale":
                     met = res["metrics"]
                     out["density"] = met["density"]
