@@ -156,6 +156,7 @@ def smollm2_prefill_timing(length: int = 2048, tau: float = 0.1, reps: int = 2, 
                 if name == "sale":
                     met = res["metrics"]
                     out["density"] = met["density"]
+                    # the module's per-layer stats are wall-clock (perf_counter) seconds
                     times.setdefault("sale_select_s", []).append(sum(s["select_s"] for s in m.stats))
                     times.setdefault("sale_attn_s", []).append(sum(s["attn_s"] for s in m.stats))
     out.update({key: statistics.median(val) for key, val in times.items()})
@@ -216,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             f"\nSmolLM2-135M, one {s['tokens']}-token prompt, whole prefill: dense (HF sdpa) "
             f"{s['dense_prefill_s']:.2f} s, dense (SDPA is_causal) {s['dense_causal_prefill_s']:.2f} s, SALE "
             f"{s['sale_prefill_s']:.2f} s (x{s['sale_over_dense']:.2f} / x{s['sale_over_dense_causal']:.2f}; "
-            f"selection {s['sale_select_s']:.2f} s, sparse attention {s['sale_attn_s']:.2f} s; density "
-            f"{s['density']:.3f})"
+            f"density {s['density']:.3f}; CPU s. The module's own wall-clock stats: selection "
+            f"{s['sale_select_s']:.2f} s, sparse attention {s['sale_attn_s']:.2f} s)"
         )
     record["machine"]["loadavg_end"] = list(os.getloadavg())
     if args.json:
