@@ -1,13 +1,20 @@
-"""Writes ``summary.json`` (fit) / ``summary-<stage>.json`` at the end of a run: the final logged metrics, where the harness and tools read them."""
+"""Writes ``summary.json`` (fit) / ``summary-<stage>.json`` at the end of a run: the final logged metrics, where the harness and tools read them.
+
+Every attempt on a run folder (a first fit, a resume, a failed relaunch) adds one entry to ``attempts`` (outcome,
+step, wall time); the record itself is the latest successful one: an attempt that fails after a finished one
+leaves the finished metrics and status in place and only adds its own entry.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import CSVLogger
 
 from litlab.lit_modules.core.io import atomic_write_json
 
@@ -32,21 +39,33 @@ class RunSummary(L.Callback):
             value = float(v.detach().float().mean()) if isinstance(v, torch.Tensor) else float(v)
             metrics[k] = value if math.isfinite(value) else str(value)
         name = "summary.json" if stage == "fit" else f"summary-{stage}.json"
-        atomic_write_json(
-            self.run_dir / name,
-            {
-                **self.identity,
-                "status": status,
-                "stage": stage,
-                "metrics": metrics,
-                "global_step": trainer.global_step,
-                "epoch": trainer.current_epoch,
-                "wall_time_s": round(time.time() - self._started, 3),
-            },
-        )
+        path = self.run_dir / name
+        previous = _read(path)
+        record = {
+            **self.identity,
+            "status": status,
+            "stage": stage,
+            "metrics": metrics,
+            "global_step": trainer.global_step,
+            "epoch": trainer.current_epoch,
+            "wall_time_s": round(time.time() - self._started, 3),
+        }
+        attempt = {k: record[k] for k in ("status", "global_step", "epoch", "wall_time_s")} | {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self._started))
+        }
+        attempts = [*previous.get("attempts", []), attempt]
+        if previous.get("status") == "finished" and status != "finished":
+            record = previous  # a failed attempt never overwrites a finished record
+        atomic_write_json(path, {**record, "attempts": attempts})
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._started = time.time()
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        # the logs up to a checkpoint reach the disk with it: a run killed after the checkpoint keeps them
+        for logger in trainer.loggers:
+            if isinstance(logger, CSVLogger):
+                logger.save()
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._write(trainer, "fit", "interrupted" if trainer.interrupted else "finished")
@@ -61,3 +80,21 @@ class RunSummary(L.Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         stage = trainer.state.fn.value if trainer.state.fn else "fit"  # str(enum) differs across Pythons
         self._write(trainer, stage, f"failed: {type(exception).__name__}: {exception}")
+
+
+def record_failed_attempt(run_dir: str | Path, status: str) -> None:
+    """Add a failed attempt that never reached the Trainer (e.g. a broken ``last.ckpt``) to ``summary.json``,
+    keeping its record as it was."""
+    path = Path(run_dir) / "summary.json"
+    previous = _read(path)
+    attempt = {"status": status, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    record = previous or {"status": status, "stage": "fit", "metrics": {}}
+    atomic_write_json(path, {**record, "attempts": [*previous.get("attempts", []), attempt]})
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -13,12 +13,15 @@ to the same flat arrays on load, so real D4RL/Minari data run the same configs u
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
+from litlab.lit_modules.core.errors import DataFileError
 from litlab.lit_modules.core.io import atomic_path, cache_dir
 
 REQUIRED = ("observations", "actions", "rewards", "terminals")
@@ -56,8 +59,25 @@ def write_d4rl(path: str | os.PathLike, data: dict[str, np.ndarray], metadata: d
     return path
 
 
+@contextmanager
+def open_hdf5(path: str | os.PathLike) -> Iterator[h5py.File]:
+    """The one way data files are read: h5py's errors (a truncated or non-HDF5 file, a damaged data set) become
+    ``DataFileError`` naming the file and what to do, whether they come from opening or from reading."""
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as f:
+            yield f
+    except DataFileError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as err:
+        raise DataFileError(
+            f"data file {path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:300]}); it is "
+            "truncated or not HDF5: delete it (a generated data set is made again) or download it again"
+        ) from err
+
+
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    with h5py.File(path, "r") as f:
+    with open_hdf5(path) as f:
         if "metadata" not in f:
             return {}
         out = {}
@@ -75,7 +95,7 @@ def load_dataset(path: str | os.PathLike) -> dict[str, np.ndarray]:
         path = path / "data" / "main_data.hdf5" if (path / "data").is_dir() else path / "main_data.hdf5"
     if not path.exists():
         raise FileNotFoundError(f"no data set at {path}")
-    with h5py.File(path, "r") as f:
+    with open_hdf5(path) as f:
         if all(k in f for k in REQUIRED):
             out = {
                 k: f[k][()]
@@ -85,7 +105,7 @@ def load_dataset(path: str | os.PathLike) -> dict[str, np.ndarray]:
         elif any(k.startswith("episode_") for k in f):
             out = _minari_to_flat(f)
         else:
-            raise ValueError(
+            raise DataFileError(
                 f"{path} is neither D4RL layout (keys {REQUIRED}) nor Minari (episode_* groups); "
                 f"it has {sorted(f)[:10]}"
             )

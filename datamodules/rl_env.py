@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -169,20 +170,72 @@ class Collector:
             return {"episode_return": self.last_episode_return}
         return {}
 
-    def state_dict(self) -> dict[str, float | int]:
+    def state_dict(self) -> dict[str, Any]:
         return {
             "env_steps": self.env_steps,
             "episodes": self.episodes,
             "last_episode_return": self.last_episode_return,
+            "env": env_state(self.env) | {"obs": self._obs.clone(), "episode_return": self.episode_return},
         }
 
-    def load_state_dict(self, state: dict[str, float | int]) -> None:
-        """The env itself cannot be checkpointed: a resumed run starts a fresh episode (seeded by the step
-        count)."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Counters, and the episode in progress where the env's state could be saved (``env_state``: the toy
+        pendulums, MuJoCo); otherwise a resumed run starts a fresh episode (seeded by the step count)."""
         self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
         self.last_episode_return = float(state["last_episode_return"])
         self.episode_return = 0.0
         self._obs = self._reset(self.seed + self.env_steps)
+        saved = state.get("env") or {}
+        if saved.get("restorable"):
+            set_env_state(self.env, saved)
+            self._obs = saved["obs"].clone()
+            self.episode_return = float(saved["episode_return"])
+
+
+def _bit_generator_state(rng: np.random.Generator | None) -> dict[str, Any] | None:
+    return None if rng is None else rng.bit_generator.state
+
+
+def _wrappers(env: gym.Env):
+    while True:
+        yield env
+        if not hasattr(env, "env"):
+            return
+        env = env.env
+
+
+def env_state(env: gym.Env) -> dict[str, Any]:
+    """What continues an episode exactly: the simulator state (``state`` array of the pendulums, MuJoCo's
+    qpos/qvel), the env's and its action space's generators, the time limit's step count. ``restorable`` is
+    False for envs whose state is not one of these."""
+    u = env.unwrapped
+    out: dict[str, Any] = {"restorable": False}
+    if isinstance(getattr(u, "state", None), np.ndarray):
+        out["state"] = torch.from_numpy(np.array(u.state))
+    elif hasattr(u, "data") and hasattr(u, "set_state"):  # MuJoCo envs
+        out["qpos"], out["qvel"] = torch.from_numpy(u.data.qpos.copy()), torch.from_numpy(u.data.qvel.copy())
+    else:
+        return out
+    out["restorable"] = True
+    out["np_random"] = _bit_generator_state(getattr(u, "_np_random", None))
+    out["action_space"] = _bit_generator_state(getattr(env.action_space, "_np_random", None))
+    out["elapsed_steps"] = [int(getattr(w, "_elapsed_steps", None) or 0) for w in _wrappers(env)]
+    return out
+
+
+def set_env_state(env: gym.Env, state: dict[str, Any]) -> None:
+    u = env.unwrapped
+    if "state" in state:
+        u.state = state["state"].numpy().copy()
+    else:
+        u.set_state(state["qpos"].numpy(), state["qvel"].numpy())
+    if state.get("np_random") is not None:
+        u.np_random.bit_generator.state = state["np_random"]
+    if state.get("action_space") is not None:
+        env.action_space.np_random.bit_generator.state = state["action_space"]
+    for w, steps in zip(_wrappers(env), state.get("elapsed_steps", [])):
+        if hasattr(w, "_elapsed_steps"):
+            w._elapsed_steps = steps
 
 
 def evaluate(

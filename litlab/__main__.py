@@ -29,15 +29,37 @@ def prepare_process() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs a subcommand. A user error (``USER_ERRORS``: bad or missing file, model or data, busy run folder) is one
+    line on stderr naming the cause and the file, exit code 2; ``--debug`` or ``LITLAB_DEBUG=1`` shows the
+    traceback instead."""
     from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    prepare_process()
-    if argv and argv[0] in TOOLS:
-        return importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
-    from litlab.cli import LitlabCLI  # imports every method module: only for LightningCLI's subcommands
+    debug = "--debug" in argv or os.environ.get("LITLAB_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    if from_shell:
+        sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (and warns when given args as well)
+    from litlab.lit_modules.core.errors import USER_ERRORS
 
-    LitlabCLI(args=None if from_shell else argv)  # LightningCLI reads sys.argv itself when run from a shell
-    return 0
+    try:
+        prepare_process()
+        if argv and argv[0] in TOOLS:
+            return importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
+        from litlab.cli import LitlabCLI  # imports every method module: only for LightningCLI's subcommands
+
+        LitlabCLI(args=None if from_shell else argv)
+        return 0
+    except USER_ERRORS as err:
+        if debug:
+            raise
+        print(f"litlab: error: {short_message(err)}", file=sys.stderr)
+        print("(the traceback: rerun with --debug or LITLAB_DEBUG=1)", file=sys.stderr)
+        return 2
+
+
+def short_message(err: BaseException, max_lines: int = 4) -> str:
+    """The error's own sentence(s), without the wrapped library error it may quote after them."""
+    lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    return "\n".join(lines[:max_lines]) + (" [...]" if len(lines) > max_lines else "")
 
 
 if __name__ == "__main__":

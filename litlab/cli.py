@@ -7,9 +7,12 @@ Every run, unless its config says otherwise, gets:
 * ``seed_everything: 0`` (set it in the config; it is part of the run's identity);
 * a WandbLogger (offline unless the user is logged in; ``WANDB_MODE=disabled`` drops it) and a CSVLogger;
 * RichProgressBar, LearningRateMonitor, and a ModelCheckpoint that keeps ``last.ckpt``;
+* ``ExactResume``: the random generators and the epoch position in every checkpoint, so a resumed fit
+  continues the uninterrupted one batch for batch (``litlab.callbacks.exact_resume``);
 * ``summary.json`` with the final metrics (``litlab.callbacks.run_summary.RunSummary``);
 * ``adapters.safetensors``, the adapters alone, when the model has any (``litlab.callbacks.save_adapters.SaveAdapters``);
 * checkpoints loaded with ``weights_only=True`` and a clear error for a truncated file;
+* one writer per run folder (``RunLock``: a second ``fit`` on it stops at once, naming the holder's pid);
 * a folder ``runs/<experiment>/<run-id>/`` where ``run-id = <config hash>-s<seed>``, so relaunching the same
   config with ``--ckpt_path last`` resumes the interrupted attempt.
 """
@@ -36,10 +39,11 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
 import litlab.datamodules
 import litlab.lit_modules
-from litlab.callbacks.run_summary import RunSummary
+from litlab.callbacks.exact_resume import ExactResume
+from litlab.callbacks.run_summary import RunSummary, record_failed_attempt
 from litlab.callbacks.save_adapters import SaveAdapters
 from litlab.lit_modules.core.errors import unavailable_cause
-from litlab.runs import SafeCheckpointIO, default_run_id, wandb_mode
+from litlab.runs import RunLock, SafeCheckpointIO, default_run_id, wandb_mode
 
 
 def import_method_modules() -> None:
@@ -62,6 +66,7 @@ class LitlabCLI(LightningCLI):
         import_method_modules()
         self.skip_finished = skip_finished
         self.run_dir: Path | None = None
+        self.run_lock: RunLock | None = None
         kwargs.setdefault("model_class", L.LightningModule)
         kwargs.setdefault("datamodule_class", L.LightningDataModule)
         kwargs.setdefault("subclass_mode_model", True)
@@ -116,15 +121,49 @@ class LitlabCLI(LightningCLI):
         self.run_dir = Path(cfg.runs_dir) / self._experiment_name(cfg) / run_id
         if self.skip_finished and _finished(self.run_dir):
             raise RunAlreadyFinished(self.run_dir)
+        if self.subcommand == "fit" and not _secondary_rank():
+            # one writer per run folder, before any logger or checkpoint touches it
+            self.run_lock = RunLock(self.run_dir).acquire()
+            if cfg.get("ckpt_path") == "last":
+                # a broken last.ckpt fails here, before loggers make a new csv version and wandb run
+                candidates = sorted(
+                    (self.run_dir / "checkpoints").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime
+                )
+                if candidates:
+                    self._check_checkpoint(candidates[-1])
+
+    def _check_checkpoint(self, path: Path) -> None:
+        try:
+            SafeCheckpointIO().load_checkpoint(path, map_location="cpu")
+        except Exception as err:
+            assert self.run_dir is not None
+            record_failed_attempt(self.run_dir, f"failed: {type(err).__name__}: {err}")
+            self.release_run_lock()
+            raise
+
+    def release_run_lock(self) -> None:
+        if self.run_lock is not None:
+            self.run_lock.release()
+            self.run_lock = None
 
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
         except ValueError as err:  # jsonargparse's "Problem with given class_path" around the real reason
+            self.release_run_lock()
             cause = unavailable_cause(err)
             if cause is None:
                 raise
             raise cause from None
+        except BaseException:
+            self.release_run_lock()
+            raise
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        finally:
+            self.release_run_lock()  # the kernel also drops it when the process dies, SIGKILL included
 
     # ---- default loggers, callbacks, plugins ----------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
@@ -171,6 +210,8 @@ class LitlabCLI(LightningCLI):
                 },
             )
         ]
+        if not _has(user_callbacks, ExactResume):
+            defaults.append(ExactResume())  # generators and epoch position in every checkpoint
         if not _has(user_callbacks, SaveAdapters):
             defaults.append(SaveAdapters())  # a no-op for models without adapters
         if (
@@ -187,6 +228,52 @@ class LitlabCLI(LightningCLI):
             defaults.append(LearningRateMonitor(logging_interval="step"))
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": defaults}
         return super().instantiate_trainer(**kwargs)
+
+
+class _Parsed(Exception):
+    pass
+
+
+class _ParseOnly(LitlabCLI):
+    def before_instantiate_classes(self) -> None:
+        raise _Parsed
+
+
+def check_fit_args(args: list[str]) -> None:
+    """Parse ``litlab fit`` arguments exactly as a run does (configs resolved, class paths and init args checked)
+    and stop before anything is built or written; ``ConfigError`` with the parser's message if refused."""
+    import sys
+
+    from jsonargparse import ArgumentError
+
+    from litlab.lit_modules.core.errors import ConfigError
+
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when args come from both places
+    try:
+        _ParseOnly(
+            args=list(args),
+            parser_kwargs={"parser_mode": "yaml", "exit_on_error": False, "fit": {"exit_on_error": False}},
+        )
+    except _Parsed:
+        return
+    except (ArgumentError, ValueError, TypeError) as err:
+        raise ConfigError(" ".join(str(err).split())[:2000]) from err
+    except SystemExit as err:  # a parser that printed its error and exited anyway
+        if err.code in (0, None):
+            raise
+        raise ConfigError("the litlab fit parser refused these arguments (its message is above)") from None
+    finally:
+        sys.argv = argv
+
+
+def _secondary_rank() -> bool:
+    """A rank other than 0 started by a launcher (torchrun, srun, Lightning's subprocess launcher): the folder's
+    lock belongs to rank 0's process."""
+    import os
+
+    return any(
+        int(os.environ.get(k, "0") or 0) != 0 for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK")
+    )
 
 
 def _has(callbacks: list[Any], kind: type) -> bool:

@@ -7,6 +7,8 @@ the interrupted attempt, and the reproduction harness can reuse runs that alread
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import netrc
@@ -20,7 +22,8 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from litlab.lit_modules.core.errors import CheckpointError
+from litlab.lit_modules.core.errors import CheckpointError, RunFolderBusy
+from litlab.lit_modules.core.io import atomic_path
 
 # Keys that name *where* or *how visibly* a run happens, not *what* it computes (the seed is kept apart:
 # it is the run id's suffix, so the seeds of one config share a hash prefix).
@@ -83,8 +86,25 @@ def wandb_mode() -> str:
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint IO (its saves are already write-then-commit), loading with
-    ``weights_only=True`` by default and turning a truncated or corrupt file into a clear error."""
+    """Lightning's checkpoint IO, loading with ``weights_only=True`` by default and turning a truncated or corrupt
+    file into a clear error; saving write-then-rename (``atomic_path``) and failing loudly: Lightning's own atomic
+    save swallows a ``PermissionError`` (a run whose ``checkpoints/`` is not writable ended "finished" with no
+    checkpoint), this one raises ``CheckpointError`` naming the file, so the run stops and its status says why."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if "://" in str(path):  # remote file systems: Lightning's fsspec path
+            return super().save_checkpoint(checkpoint, path, storage_options=storage_options)
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
+        path = Path(path)
+        try:
+            with atomic_path(path) as tmp:
+                torch.save(checkpoint, tmp)
+        except OSError as err:
+            raise CheckpointError(
+                f"cannot write checkpoint {path} ({type(err).__name__}: {err}); the run stops rather than "
+                "go on without the checkpoint it would resume from"
+            ) from err
 
     def load_checkpoint(self, path, map_location=None, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(path)
@@ -116,3 +136,41 @@ def _corrupt(path: Path, err: Exception) -> CheckpointError:
 def torch_load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a litlab checkpoint outside a Trainer with the same checks."""
     return SafeCheckpointIO().load_checkpoint(path, map_location=torch.device("cpu"))
+
+
+class RunLock:
+    """One writer per run folder: an advisory ``fcntl.flock`` on ``<run>/.lock``, which holds the holder's pid.
+
+    The kernel drops the lock when its process dies (SIGKILL included), so the file a killed run leaves behind
+    does not block its resume; a second live process gets ``RunFolderBusy`` naming the holder's pid at once."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        if self._fd is not None:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise RunFolderBusy(
+                    f"run folder {self.path.parent} is in use by process {holder} (lock {self.path}); wait for it "
+                    "to end, or give this run another --run_id"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

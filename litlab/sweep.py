@@ -16,6 +16,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -165,9 +166,39 @@ class LocalSweep:
         self.save()
         env = {**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
         run_dir.mkdir(parents=True, exist_ok=True)
-        with open(run_dir / "sweep_run.log", "a") as log:
+        log_path = run_dir / "sweep_run.log"
+        start = log_path.stat().st_size if log_path.exists() else 0
+        with open(log_path, "a") as log:
             code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
         self._collect(entry, summary_path, code)
+        if entry["status"] != "finished":
+            entry["error"] = error_line(log_path, start) or f"exit code {code}"
+            self.save()
+            print(
+                f"litlab sweep: {entry['name']} failed: {entry['error']} (log: {log_path})", file=sys.stderr
+            )
+
+    def check_first(self, extra: list[str]) -> None:
+        """Dry-run the first parameter set through the ``litlab fit`` parser: a parameter the model does not
+        accept stops the sweep here, with the parser's message, instead of failing every run."""
+        entry = next((r for r in self.runs if r["status"] != "finished"), None) or self.propose()
+        if entry is None:
+            return
+        cmd = expand_command(self.cfg, entry["params"])
+        at = next((i for i, c in enumerate(cmd) if c == "fit"), None)
+        if at is None or not any("litlab" in c for c in cmd[:at]):
+            return  # not a `litlab fit` command: nothing to dry-run
+        from litlab.cli import check_fit_args
+        from litlab.lit_modules.core.errors import ConfigError
+
+        try:
+            check_fit_args(
+                [*cmd[at:], f"--runs_dir={self.dir / 'runs'}", f"--experiment={self.name}", *extra]
+            )
+        except ConfigError as err:
+            raise SweepError(
+                f"{self.path}: the first parameter set {entry['params']} is refused: {err}"
+            ) from err
 
     def _collect(self, entry: dict[str, Any], summary_path: Path, code: int) -> None:
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -242,6 +273,7 @@ class LocalSweep:
     def _plot(self, keys: list[str]) -> None:
         done = [r for r in self.ranked() if r.get("metric") is not None]
         if not done or not keys:
+            (self.dir / "sweep.png").unlink(missing_ok=True)  # a plot of an earlier state would mislead
             return
         import matplotlib
 
@@ -263,6 +295,24 @@ class LocalSweep:
         fig.tight_layout()
         fig.savefig(self.dir / "sweep.png", dpi=100)
         plt.close(fig)
+
+
+def error_line(log_path: Path, start: int = 0) -> str | None:
+    """The line of a failed run's log (from byte ``start``: this attempt) that says why: litlab's own one-line
+    error, else the last exception line of a traceback, else the last line."""
+    try:
+        with open(log_path, errors="replace") as f:
+            f.seek(start)
+            lines = [line.strip() for line in f if line.strip()]
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("litlab: error:"):
+            return line.removeprefix("litlab: error:").strip()
+    for line in reversed(lines):
+        if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b", line) or line.startswith("error:"):
+            return line
+    return lines[-1] if lines else None
 
 
 def _resolve_litlab(cmd: list[str]) -> list[str]:
@@ -307,7 +357,17 @@ def main(argv: list[str]) -> int:
         return 2
     if sweep.cfg["method"] != "grid" and args.count is None:
         parser.error(f"method={sweep.cfg['method']!r} never runs out of proposals: give --count N")
+    try:
+        sweep.check_first(extra)
+    except SweepError as err:
+        print(f"litlab sweep: {err}", file=sys.stderr)
+        return 2
     sweep.run(args.count, args.parallel, extra)
     print(sweep.report())
-    print(f"\nresults: {sweep.dir / 'results.md'}, plot: {sweep.dir / 'sweep.png'}", file=sys.stderr)
+    plot = sweep.dir / "sweep.png"
+    print(
+        f"\nresults: {sweep.dir / 'results.md'}"
+        + (f", plot: {plot}" if plot.exists() else ", no plot (no run logged the metric)"),
+        file=sys.stderr,
+    )
     return 0 if all(r["status"] == "finished" for r in sweep.runs) else 1

@@ -116,6 +116,9 @@ class LoRDOStrategy(DDPStrategy):
         self._anchor: Tensor | None = None  # θ̄, fp32 flat
         self._outer_buf: Tensor | None = None  # Nesterov momentum
         self._pending_state: dict[str, Any] | None = None
+        self._rank_module_state: dict[str, Tensor] | None = (
+            None  # this rank's own θ from a resumed checkpoint
+        )
 
     # ---- set-up: no DDP wrapper ------------------------------------------------------------------
     def _configure_launcher(self) -> None:  # Lightning's private hook: see _choose_launcher
@@ -125,6 +128,9 @@ class LoRDOStrategy(DDPStrategy):
         assert self.lightning_module is not None
         self._broadcast_module_states()  # θ from rank 0
         self._anchor = parameters_to_vector(self._params()).detach().float().clone()
+        if self._rank_module_state is not None:  # between two syncs every rank has its own θ: not rank 0's
+            self.lightning_module.load_state_dict(self._rank_module_state)
+            self._rank_module_state = None
         if self._pending_state is not None:
             self.apply_lowcomm_state(self._pending_state)
             self._pending_state = None
@@ -299,11 +305,29 @@ class LoRDOStrategy(DDPStrategy):
         self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None
     ) -> None:
         checkpoint["lowcomm"] = self.lowcomm_state_dict()  # a resumed run syncs on schedule
+        if self.mode in LOCAL_MODES and self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            # between syncs the workers' weights and optimiser states differ: keep every rank's, so that a run
+            # resumed there continues each worker where it was (every rank calls save_checkpoint)
+            own = {
+                "state_dict": checkpoint["state_dict"],
+                "optimizer_states": checkpoint.get("optimizer_states"),
+            }
+            ranks: list[Any] = [None] * self.world_size
+            dist.all_gather_object(ranks, own)
+            checkpoint["lowcomm"]["ranks"] = ranks
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         if "lowcomm" in checkpoint:
+            ranks = checkpoint["lowcomm"].pop("ranks", None)
+            if ranks and len(ranks) == self.world_size and self.mode in LOCAL_MODES:
+                own = ranks[self.global_rank]
+                checkpoint["state_dict"], checkpoint["optimizer_states"] = (
+                    own["state_dict"],
+                    own["optimizer_states"],
+                )
+                self._rank_module_state = own["state_dict"]
             self.load_lowcomm_state_dict(checkpoint["lowcomm"])
         return checkpoint
 

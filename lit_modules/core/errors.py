@@ -36,6 +36,31 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read: truncated, corrupt, or holding objects we refuse to unpickle."""
 
 
+class ConfigError(ValueError):
+    """A run's config or command-line arguments that the ``litlab fit`` parser refuses; the message is its own."""
+
+
+class DataFileError(ValueError):
+    """A data file (e.g. a D4RL-layout HDF5) that exists but cannot be read; the message names the file."""
+
+
+class RunFolderBusy(RuntimeError):
+    """Another live process holds the run folder's lock; the message names its pid."""
+
+
+# What ``litlab`` reports as one line and exit code 2 (the traceback only with --debug or LITLAB_DEBUG=1): the
+# user's input is at fault (a config, a file, a missing model or data set, a busy run folder), not litlab.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ResourceUnavailableError,
+    ConfigError,
+    CardError,
+    SweepError,
+    CheckpointError,
+    DataFileError,
+    RunFolderBusy,
+)
+
+
 def unavailable_cause(err: BaseException | None) -> ResourceUnavailableError | None:
     """The ``ResourceUnavailableError`` behind ``err`` (jsonargparse wraps errors raised while it builds a class)."""
     seen = set()

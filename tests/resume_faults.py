@@ -1,0 +1,82 @@
+"""Fault injection for the kill-and-resume tests (imported by the `litlab fit` subprocesses of
+tests/test_resume_exact.py through PYTHONPATH; not part of the package)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import lightning as L
+
+
+class KillAfterCheckpoint(L.Callback):
+    """SIGKILLs the whole process group (every rank of a forked DDP fit) at the first hook after ``path`` exists:
+    the file was written by an earlier hook (ModelCheckpoint runs last in each hook), so nothing after it ran."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def _check(self, *args, **kwargs) -> None:
+        if self.path.exists():
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    on_train_batch_start = on_train_batch_end = _check
+    on_train_epoch_start = on_train_epoch_end = _check
+    on_validation_start = on_train_end = _check
+
+
+class Trace(L.Callback):
+    """Debugging aid: one line per training batch (epoch, batch index, global step, a digest of the batch and of
+    torch's global RNG state) appended to ``path``; diff two runs' traces to see where they part."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import hashlib
+
+        import torch
+
+        def digest(x) -> str:
+            if isinstance(x, dict):
+                x = list(x.values())
+            if isinstance(x, (list, tuple)):
+                return "".join(digest(v) for v in x)[:12]
+            if isinstance(x, torch.Tensor):
+                return hashlib.md5(x.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:6]
+            return str(x)[:6]
+
+        rng = hashlib.md5(torch.get_rng_state().numpy().tobytes()).hexdigest()[:6]
+        with open(self.path, "a") as f:
+            f.write(
+                f"e{trainer.current_epoch} b{batch_idx} g{trainer.global_step} data={digest(batch)} rng={rng}\n"
+            )
+
+    def _loops(self, trainer, where: str) -> None:
+        fit, ep = trainer.fit_loop, trainer.fit_loop.epoch_loop
+        with open(self.path, "a") as f:
+            f.write(
+                f"{where}: fit={fit._restart_stage} ep={ep._restart_stage} epochs={fit.epoch_progress.current} "
+                f"batches={ep.batch_progress.current} stepped={ep._batches_that_stepped}\n"
+            )
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._loops(trainer, "train_start")
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._loops(trainer, "epoch_start")
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._loops(trainer, "epoch_end")
+
+
+class RaiseAtStep(L.Callback):
+    """Raises ``RuntimeError`` at the first training batch at or after global step ``step``."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step >= self.step:
+            raise RuntimeError(f"injected failure at step {trainer.global_step}")
