@@ -244,6 +244,25 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
     )
 
 
+def validate_runs(
+    card: Card, runs: dict[str, Any], scale: str, seeds: list[int], out_dir: Path, extra: list[str]
+) -> None:
+    """Resolve and parse every run's config (with the first seed's overrides) through the ``litlab fit`` parser
+    before the first fit, so that a card whose last run names a missing file or a bad key stops at once with
+    that run's name instead of after the runs before it trained. (Claims are checked when the card loads.)"""
+    from litlab.cli import check_fit_args
+    from litlab.lit_modules.core.errors import ConfigError
+
+    for name in runs:
+        args = fit_args(card, name, scale, seeds[0] if seeds else 0, out_dir, extra)  # CardError: no config
+        try:
+            check_fit_args(args)
+        except ConfigError as err:
+            raise CardError(
+                f"{card.path}: runs.{name}: {card.runs[name].config_path(scale)} is refused: {err}"
+            ) from err
+
+
 def reproduce(
     card: Card,
     scale: str = "quick",
@@ -266,6 +285,7 @@ def reproduce(
     elif not include_optional:
         runs = {n: r for n, r in runs.items() if not r.optional}
     out_dir = out_root / card.slug
+    validate_runs(card, runs, scale, seeds, out_dir, list(extra or []))
     started = time.time()
     fitted_here: set[Path] = set()  # run folders fitted by this invocation (shared by entries of one run)
     if jobs > 1:
