@@ -151,4 +151,14 @@ def test_smollm2_flex_equals_reference_every_layer():  # a real pretrained model
         mask, k_s = sale_block_mask(q, k, 0.1, cfg, scaling)
         ref = block_sparse_attention_reference(q, k_s, v, mask, 64, 32, sm_scale=scaling)
         o = block_sparse_attention_flex(q, k_s, v, mask, 64, 32, sm_scale=scaling)
-        assert (o - ref).abs().max() < 1e-5
+        # the reference's formula in float64: flex is within 1e-5 of it in every layer (measured <= 4.2e-6 on
+        # this prompt), while the fp32 reference itself is off by up to 1.4e-5 (layer 19), so flex vs the fp32
+        # reference is held to the sum of the two
+        g, N = q.shape[1] // k.shape[1], q.shape[2]
+        kk, vv = (t.double().repeat_interleave(g, 1) for t in (k_s, v))
+        allow = mask.bool().repeat_interleave(64, 2).repeat_interleave(32, 3)[..., :N, :N]
+        allow &= torch.ones(N, N, dtype=torch.bool).tril()
+        s = (q.double() @ kk.transpose(-1, -2) * scaling).masked_fill(~allow, float("-inf"))
+        exact = torch.softmax(s, -1) @ vv
+        assert (o.double() - exact).abs().max() < 1e-5
+        assert (o - ref).abs().max() < 1e-5 + (ref.double() - exact).abs().max()
