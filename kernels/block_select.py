@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, use_triton
+from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, run_compiled_or_fallback, use_triton
 
 
 def smooth_quantize(q, k, bits: int = 4):
@@ -261,8 +261,12 @@ def quant_qk_block_select(
     if impl == "int8" or (
         impl == "auto" and not q.is_cuda and N >= INT8_MIN_TOKENS and int8_selection_supported(qi, block_k)
     ):
-        return block_select_int8(
-            q, k_s, qi, ki, sq, sk, c, tau, block_q, block_k, local_blocks, seg_blocks, sm_scale
+        args = (q, k_s, qi, ki, sq, sk, c, tau, block_q, block_k, local_blocks, seg_blocks, sm_scale)
+        return run_compiled_or_fallback(
+            "block_select int8",
+            lambda: block_select_int8(*args),
+            lambda: block_select_reference(*args),
+            forced=impl == "int8",
         )
     if not use_triton(impl, q, k_s):
         return block_select_reference(

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, use_triton
+from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, run_compiled_or_fallback, use_triton
 from litlab.kernels.flex_block_sparse import block_sparse_attention_flex
 
 LOG2E = 1.4426950408889634
@@ -183,7 +183,12 @@ def block_sparse_attention(
     ):
         if return_lse:
             raise ValueError("impl='flex' returns no lse (compiled CPU flex_attention cannot)")
-        return block_sparse_attention_flex(q, k, v, block_mask, block_q, block_k, causal, sm_scale)
+        return run_compiled_or_fallback(
+            "block_sparse_attention flex",
+            lambda: block_sparse_attention_flex(q, k, v, block_mask, block_q, block_k, causal, sm_scale),
+            lambda: block_sparse_attention_reference(q, k, v, block_mask, block_q, block_k, causal, sm_scale),
+            forced=impl == "flex",
+        )
     if not use_triton(impl, q, k, v):
         return block_sparse_attention_reference(
             q, k, v, block_mask, block_q, block_k, causal, sm_scale, return_lse

@@ -11,6 +11,7 @@ another module imported ``kernels`` earlier in the same process.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -64,4 +65,36 @@ def alloc(shape, dtype: torch.dtype, device) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype, device=device)
     if poison_outputs:
         out.fill_(float("nan") if dtype.is_floating_point else 255)
+    return out
+
+
+# CPU paths built on torch.compile (inductor needs a C++ compiler at run time): "unknown" until the first call,
+# then "ok", or the reason it failed; impl="auto" takes the reference once a path has failed.
+_compiled_paths: dict[str, str] = {}
+
+
+def compiled_path_usable(name: str) -> bool:
+    return _compiled_paths.get(name, "unknown") in ("unknown", "ok")
+
+
+def run_compiled_or_fallback(name: str, compiled: Callable, reference: Callable, forced: bool):
+    """``compiled()`` on the first call of ``name`` in this process, and from then on while it works; when
+    that first call fails (no C++ compiler for inductor, an unsupported op) and the path was not ``forced``,
+    warn once naming the cause and return ``reference()``, as every later call of ``name`` does."""
+    if _compiled_paths.get(name) == "ok" or forced:
+        return compiled()
+    if not compiled_path_usable(name):
+        return reference()
+    try:
+        out = compiled()
+    except Exception as err:  # inductor's failures have no common base class
+        _compiled_paths[name] = f"{type(err).__name__}: {err}"
+        warnings.warn(
+            f"{name}: the torch.compile path failed ({type(err).__name__}: {str(err)[:200]}); using the "
+            "PyTorch reference for the rest of this process (slower on long prompts, same results)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return reference()
+    _compiled_paths[name] = "ok"
     return out

@@ -89,6 +89,28 @@ def test_auto_takes_flex_on_cpu_from_flex_min_tokens(monkeypatch):
         block_sparse_attention(q, q, q, sel, return_lse=True, impl="flex")
 
 
+def test_auto_falls_back_to_the_reference_when_the_compiled_path_fails(monkeypatch):
+    """A machine without inductor's C++ compiler: impl='auto' warns once and computes the reference; a forced
+    impl='flex' raises."""
+    from litlab.kernels import dispatch
+
+    def broken(*a, **kw):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(dispatch, "_compiled_paths", {})
+    monkeypatch.setattr(bsa, "block_sparse_attention_flex", broken)
+    n = bsa.FLEX_MIN_TOKENS
+    q = torch.randn(1, 1, n, 16)
+    sel = random_selection(1, 1, math.ceil(n / 64), math.ceil(n / 32), 0.5, seed=0)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler found"):
+        out = block_sparse_attention(q, q, q, sel)
+    assert torch.equal(out, block_sparse_attention_reference(q, q, q, sel))
+    block_sparse_attention(q, q, q, sel)  # later calls: the reference, no second warning, no retry
+    assert not dispatch.compiled_path_usable("block_sparse_attention flex")
+    with pytest.raises(RuntimeError, match="no C"):
+        block_sparse_attention(q, q, q, sel, impl="flex")
+
+
 @pytest.mark.parametrize(
     "inputs, blocks",
     [
