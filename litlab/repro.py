@@ -43,6 +43,13 @@ def seeds_dir() -> Path:
     return PROJECT_ROOT / "seeds"
 
 
+def project_path(relative: str | Path) -> Path:
+    """A card's or a config's file: the user's project (the working directory) first, then litlab's own tree,
+    so users keep their own cards and configs in their own repository."""
+    local = Path.cwd() / relative
+    return local if local.exists() else PROJECT_ROOT / relative
+
+
 def override_args(overrides: dict[str, Any]) -> list[str]:
     """``{"model.init_args.mode": "lora"}`` -> ``["--model.init_args.mode=lora"]`` (YAML flow for non-strings)."""
     args = []
@@ -61,7 +68,7 @@ def _finish_wandb_run() -> None:
 
 def fit_args(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> list[str]:
     spec = card.runs[run_name]
-    config = PROJECT_ROOT / spec.config_path(scale)
+    config = project_path(spec.config_path(scale))
     if not config.exists():
         raise CardError(f"{card.path}: runs.{run_name} config {config} does not exist")
     return [
@@ -645,9 +652,21 @@ def _claims_passed(card: Card) -> tuple[int, int]:
     return verdicts.count("pass"), len(verdicts)
 
 
+def card_paths(cards_dir: Path | None = None) -> list[Path]:
+    """The cards of ``cards_dir``; by default the working directory's ``seeds/`` and then litlab's own, a
+    user's card shadowing litlab's of the same name."""
+    if cards_dir is not None:
+        return sorted(cards_dir.glob("*.yaml"))
+    found: dict[str, Path] = {}
+    for folder in (Path.cwd() / "seeds", seeds_dir()):
+        for path in sorted(folder.glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return [found[k] for k in sorted(found)]
+
+
 def card_rows(cards_dir: Path | None = None) -> list[tuple[Card | None, str, str]]:
     out = []
-    for path in sorted((cards_dir or seeds_dir()).glob("*.yaml")):
+    for path in card_paths(cards_dir):
         try:
             out.append((load_card(path), path.stem, ""))
         except CardError as err:
@@ -762,7 +781,7 @@ def main(argv: list[str]) -> int:
     for name in ("lightning.pytorch", "lightning.fabric"):  # per-run banners drown the report
         logging.getLogger(name).setLevel(logging.WARNING)
     card_path = (
-        Path(args.slug) if args.slug.endswith((".yaml", ".yml")) else seeds_dir() / f"{args.slug}.yaml"
+        Path(args.slug) if args.slug.endswith((".yaml", ".yml")) else project_path(f"seeds/{args.slug}.yaml")
     )
     try:
         card = load_card(card_path)

@@ -11,7 +11,7 @@ from litlab.cards import load_card, substitute_seed
 from litlab.claims import ClaimResult, card_status, refutations, welch_interval
 from litlab.lit_modules.core.errors import CardError
 from litlab.lit_modules.core.results import ReportExtras
-from litlab.repro import fit_args, override_args, reproduce
+from litlab.repro import card_rows, fit_args, override_args, reproduce
 from litlab.repro import main as repro_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +72,9 @@ def test_harness_runs_reuses_and_reports(tmp_path, capsys):
     assert res.status == "reproduced" and not res.refutations and not res.regressions
     assert len(res.runs["lora"].values) == 3 and res.runs["lora"].std > 0
     assert not any(r.reused for r in res.runs["lora"].runs)
-    assert all(r.reused for r in res.runs["plus_rank"].runs)  # same config as `plus`: not rerun
+    # same config as `plus`: one fit for both entries (fitted by this invocation, so not "reused")
+    assert [r.run_dir for r in res.runs["plus_rank"].runs] == [r.run_dir for r in res.runs["plus"].runs]
+    assert not any(r.reused for r in res.runs["plus_rank"].runs)
     again = reproduce(card, out_root=tmp_path / "repro")  # an interrupted repro resumes: nothing re-runs
     assert all(r.reused for run in again.runs.values() for r in run.runs)
     assert again.runs["lora"].values == res.runs["lora"].values
@@ -365,3 +367,25 @@ def test_readme_methods_table_is_generated_from_the_cards():
     assert begin in readme and end in readme, "README lacks the generated methods table markers"
     table = readme.split(begin, 1)[1].split(end, 1)[0]
     assert table == cards_markdown(), "README's methods table is out of date: run `make readme`"
+
+
+def test_cards_and_configs_resolve_in_the_users_project_first(tmp_path, monkeypatch, capsys):
+    """A user's own repository: `seeds/mine.yaml` and `configs/mine/matrix.yaml` in the working directory
+    (litlab has neither), found by slug; litlab's own cards still listed, a same-named local card wins."""
+    project = tmp_path / "project"
+    (project / "seeds").mkdir(parents=True)
+    (project / "configs" / "mine").mkdir(parents=True)
+    config = (ROOT / "configs/lokra/matrix.yaml").read_text()
+    (project / "configs/mine/matrix.yaml").write_text(config)
+    card = TINY_CARD.replace("configs/lokra/matrix.yaml", "configs/mine/matrix.yaml")
+    (project / "seeds/mine.yaml").write_text(card.replace("Tiny matrix card", "My own card"))
+    (project / "seeds/lokra.yaml").write_text(card.replace("Tiny matrix card", "My lokra"))
+    monkeypatch.chdir(project)
+    code = repro_main(["mine", "--seeds", "0", "--only", "lora", "--out", str(tmp_path / "out")])
+    assert code == 0
+    assert list((tmp_path / "out" / "mine").glob("matrix/*-s0/summary.json"))
+    args = fit_args(load_card(project / "seeds/mine.yaml"), "lora", "quick", 0, tmp_path, [])
+    assert f"--config={project / 'configs/mine/matrix.yaml'}" in args
+    rows = {slug: card for card, slug, _ in card_rows()}
+    assert rows["mine"].title == "My own card" and rows["lokra"].title == "My lokra"
+    assert "xkv" in rows  # litlab's own cards are still there
