@@ -62,6 +62,10 @@ class RunAlreadyFinished(Exception):
 
 
 class LitlabCLI(LightningCLI):
+    # False for a CLI that only reads the resolved config (``litlab slurm``'s run folder): it must not hold
+    # the folder's lock, or the job it submits finds its own folder busy
+    takes_run_lock: bool = True
+
     def __init__(self, *args: Any, skip_finished: bool = False, **kwargs: Any) -> None:
         import_method_modules()
         self.skip_finished = skip_finished
@@ -121,7 +125,7 @@ class LitlabCLI(LightningCLI):
         self.run_dir = Path(cfg.runs_dir) / self._experiment_name(cfg) / run_id
         if self.skip_finished and _finished(self.run_dir):
             raise RunAlreadyFinished(self.run_dir)
-        if self.subcommand == "fit" and not _secondary_rank():
+        if self.subcommand == "fit" and self.takes_run_lock and not _secondary_rank():
             # one writer per run folder, before any logger or checkpoint touches it
             self.run_lock = RunLock(self.run_dir).acquire()
             if cfg.get("ckpt_path") == "last":

@@ -32,6 +32,8 @@ def run_dir_of(fit_args: list[str], subcommand: str = "fit") -> Path:
         pass
 
     class _RunDirOnly(LitlabCLI):
+        takes_run_lock = False
+
         def instantiate_classes(self) -> None:
             raise _Stop
 

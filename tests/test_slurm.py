@@ -170,3 +170,14 @@ def test_script_and_bad_arguments(tmp_path, capsys, monkeypatch):
         parse([*QUICK, "--nodes", "1"])  # no --gpus-per-node
     with pytest.raises(SystemExit):
         parse(["--nodes", "1", "--gpus-per-node", "2"])  # no --config
+
+
+def test_the_run_folder_lookup_leaves_the_folder_unlocked(tmp_path):
+    """`litlab slurm` reads the run folder from the parsed config; it must not keep that folder's lock, or the
+    job it submits (on the same folder) stops as "in use" (seen: an in-process `litlab slurm` under pytest)."""
+    from litlab.runs import RunLock
+    from litlab.slurm import run_dir_of
+
+    args = [f"--config={ROOT / 'configs/lokra/matrix.yaml'}", f"--runs_dir={tmp_path}"]
+    run_dir = run_dir_of(args)
+    RunLock(run_dir).acquire().release()  # RunFolderBusy here if run_dir_of had kept the lock
