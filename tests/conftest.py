@@ -25,3 +25,20 @@ def _shared_model_cache(tmp_path_factory):
     if "LITLAB_CACHE" not in os.environ:
         os.environ["LITLAB_CACHE"] = str(tmp_path_factory.mktemp("litlab_cache"))
     yield
+
+
+# Lightning's DDP launcher writes these into os.environ of the process that fits; a later test's subprocess
+# (a killed-and-resumed fit, an sbatch job) would then inherit a fixed MASTER_PORT and can meet EADDRINUSE
+# (seen in clean-clone CI runs). Each test gets back the environment it started with.
+DDP_ENVIRONMENT = ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "RANK")
+
+
+@pytest.fixture(autouse=True)
+def _no_ddp_environment_left_by_earlier_tests():
+    before = {name: os.environ.get(name) for name in DDP_ENVIRONMENT}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

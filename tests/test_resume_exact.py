@@ -129,8 +129,16 @@ CKPT_SKIP = {"callbacks", "loops", "epoch", "global_step", "pytorch-lightning_ve
 
 
 def _env() -> dict[str, str]:
+    ddp = (
+        "MASTER_PORT",
+        "MASTER_ADDR",
+        "WORLD_SIZE",
+        "NODE_RANK",
+        "LOCAL_RANK",
+        "RANK",
+    )  # each fit picks its own
     return {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in ddp},
         "WANDB_MODE": "disabled",
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
