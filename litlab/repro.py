@@ -105,7 +105,8 @@ def _exit_with_parent(poll_s: float = 1.0) -> None:
     import os
     import threading
 
-    parent = os.getppid()
+    # the pid comes from the parent: a parent that died before this line ran would otherwise go unnoticed
+    parent = int(os.environ.get("LITLAB_REPRO_PID", os.getppid()))
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -164,7 +165,11 @@ def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path)
     import threading
 
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "LITLAB_REPRO_PID": str(os.getpid()),
+    }
     code = "import sys; from litlab.repro import _worker_loop; sys.exit(_worker_loop())"
     pending: queue.Queue[str] = queue.Queue()
     for key in jobs:

@@ -389,3 +389,33 @@ def test_cards_and_configs_resolve_in_the_users_project_first(tmp_path, monkeypa
     rows = {slug: card for card, slug, _ in card_rows()}
     assert rows["mine"].title == "My own card" and rows["lokra"].title == "My lokra"
     assert "xkv" in rows  # litlab's own cards are still there
+
+
+def test_a_worker_exits_when_its_repro_dies(tmp_path):
+    """A `--jobs` worker must not train on for minutes after its `litlab repro` was killed (SIGKILL included):
+    here the parent starts a worker-like child and dies at once; the child is gone within seconds."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    child = "import time; from litlab.repro import _exit_with_parent; _exit_with_parent(0.1); time.sleep(60)"
+    parent = (
+        "import subprocess, sys, os\n"
+        "env = {**os.environ, 'LITLAB_REPRO_PID': str(os.getpid())}\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.DEVNULL, "
+        "stderr=subprocess.DEVNULL, env=env)\n"
+        "print(p.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, 9)
+    raise AssertionError(f"worker {pid} outlived its parent by 20 s")
