@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import operator
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from litlab.cards import Card, Claim
@@ -170,16 +170,18 @@ def refutations(card: Card, values: Mapping[str, Sequence[float]]) -> list[str]:
     return problems
 
 
-def card_status(results: Sequence[ClaimResult]) -> str:
-    """reproduced | partial | not reproduced | mechanism only | not run."""
-    judged = [r for r in results if r.kind in COMPARATIVE and r.verdict in ("pass", "fail")]
-    mechanisms = [r for r in results if r.kind == "mechanism" and r.verdict in ("pass", "fail")]
+def card_status(verdicts: Iterable[tuple[str, str]]) -> str:
+    """reproduced | partial | not reproduced | mechanism only | not run, from each claim's (kind, verdict): of
+    fresh results or of a card's recorded block alike."""
+    verdicts = [(kind, verdict) for kind, verdict in verdicts if verdict in ("pass", "fail")]
+    judged = [verdict == "pass" for kind, verdict in verdicts if kind in COMPARATIVE]
+    mechanisms = [verdict == "pass" for kind, verdict in verdicts if kind == "mechanism"]
     if not judged:
         if mechanisms:
-            return "mechanism only" if all(r.holds for r in mechanisms) else "not reproduced"
+            return "mechanism only" if all(mechanisms) else "not reproduced"
         return "not run"
-    passed = sum(bool(r.holds) for r in judged)
-    if passed == len(judged) and all(r.holds for r in mechanisms):
+    passed = sum(judged)
+    if passed == len(judged) and all(mechanisms):
         return "reproduced"
     return "not reproduced" if passed == 0 else "partial"
 

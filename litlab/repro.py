@@ -22,7 +22,6 @@ import sys
 import time
 from datetime import date
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -300,6 +299,7 @@ def reproduce(
     validate_runs(card, runs, scale, seeds, out_dir, list(extra or []))
     started = time.time()
     fitted_here: set[Path] = set()  # run folders fitted by this invocation (shared by entries of one run)
+    ran_args: list[list[str]] = []  # argument lists the --jobs workers fitted
     if jobs > 1:
         distinct: dict[str, list[str]] = {}
         for name in runs:
@@ -307,14 +307,13 @@ def reproduce(
                 args = fit_args(card, name, scale, s, out_dir, list(extra or []))
                 if args not in distinct.values():  # card entries that differ only in the metric share a run
                     distinct[f"{name}-s{s}"] = args
-        ran_in_workers = fit_in_subprocesses(distinct, jobs, out_dir / "logs")
-        ran_args = [distinct[k] for k in ran_in_workers]
+        ran_args = [distinct[k] for k in fit_in_subprocesses(distinct, jobs, out_dir / "logs")]
     per_run: dict[str, RunResult] = {}
     for name in runs:
         values = []
         for s in seeds:
             v = run_one(card, name, scale, s, out_dir, list(extra or []))
-            if jobs > 1 and fit_args(card, name, scale, s, out_dir, list(extra or [])) in ran_args:
+            if fit_args(card, name, scale, s, out_dir, list(extra or [])) in ran_args:
                 v.reused = False  # a worker fitted it; run_one only read its summary
             if not v.reused:
                 fitted_here.add(v.run_dir)
@@ -357,7 +356,7 @@ def judge(card: Card, result: CardResult) -> None:
         evaluate_claim(card, c, values, result.extras.numbers, has_cuda=torch.cuda.is_available())
         for c in card.claims_for(result.scale)
     ]
-    result.status = card_status(result.claims)
+    result.status = card_status((c.kind, c.verdict) for c in result.claims)
     result.regressions = regressions(card, result.scale, result.claims)
     result.refutations = refutations(card, values)
     measured = {n: dict(zip(r.seeds, r.values)) for n, r in result.runs.items()}
@@ -552,19 +551,6 @@ def plot(res: CardResult, path: Path) -> None:
     plt.close(fig)
 
 
-RECORD_ORDER = (
-    "date",
-    "command",
-    "scale",
-    "seeds",
-    "status",
-    "wall_time_s",
-    "reused_runs",
-    "claims",
-    "results",
-)
-
-
 def record_into_card(card: Card, res: CardResult, command: str) -> None:
     """Replace the card's ``recorded:`` block (kept last in the file) with this run's measured numbers."""
     assert card.path is not None
@@ -623,21 +609,18 @@ def record_into_card(card: Card, res: CardResult, command: str) -> None:
         if cid in claims and claims[cid]["verdict"] == "skipped":
             claims[cid] = entry
     kinds = {c.id: c.kind for c in card.claims}
-    merged = [
-        SimpleNamespace(kind=kinds[cid], verdict=e["verdict"], holds=e["verdict"] == "pass")
-        for cid, e in claims.items()
-        if cid in kinds
-    ]
-    block["recorded"]["status"] = card_status(merged)
+    block["recorded"]["status"] = card_status(
+        (kinds[cid], e["verdict"]) for cid, e in claims.items() if cid in kinds
+    )
     default_runs = {n for n, r in card.runs_for(res.scale).items() if not r.optional}
     if earlier and not default_runs <= set(res.runs):
         # a partial invocation (--only): the card's date, command and timing stay those of its last full
         # one; the runs measured now say where they come from
         for key in ("date", "command", "wall_time_s", "reused_runs"):
-            block["recorded"].pop(key, None)
             if key in earlier:
-                block["recorded"][key] = earlier[key]
-        block["recorded"] = {k: block["recorded"][k] for k in RECORD_ORDER if k in block["recorded"]}
+                block["recorded"][key] = earlier[key]  # an existing key: its place in the block is kept
+            else:
+                block["recorded"].pop(key, None)
         for name in res.runs:
             results[name]["from"] = f"{res.date}: {command} ({res.wall_time_s} s)"
     derived = {**(earlier.get("derived") or {}), **{k: round(v, 6) for k, v in res.extras.numbers.items()}}
