@@ -8,6 +8,8 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?=
 TORCH_PIP_ARGS := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
 PYTEST_WORKERS ?= 2
+# a test that runs past this fails with its stack (pytest-timeout) instead of running the CI job out of time
+TEST_TIMEOUT_S ?= 900
 
 .PHONY: install install-dev check-torch demo test test-slow lint clean smollm2 rl readme
 
@@ -53,7 +55,7 @@ demo: install
 	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/litlab repro lokra
 
 test: install-dev lint
-	WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q --durations=10
+	WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q --durations=10 --timeout=$(TEST_TIMEOUT_S)
 
 test-slow: install-dev
 	WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m slow

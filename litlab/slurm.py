@@ -159,7 +159,16 @@ def main(argv: list[str]) -> int:
     if shutil.which("sbatch") is None:
         print(f"litlab slurm: `sbatch` is not on PATH; the script is at {path}", file=sys.stderr)
         return 2
-    done = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, env=os.environ)
+    try:  # sbatch retries an unreachable controller for its MessageTimeout; do not wait past a few of those
+        done = subprocess.run(
+            ["sbatch", "--parsable", str(path)], capture_output=True, text=True, env=os.environ, timeout=180
+        )
+    except subprocess.TimeoutExpired:
+        print(
+            f"litlab slurm: sbatch did not answer in 180 s (is slurmctld up? `sinfo`); the script is at {path}",
+            file=sys.stderr,
+        )
+        return 2
     if done.returncode != 0:
         print(f"litlab slurm: sbatch failed ({done.returncode}): {done.stderr.strip()}", file=sys.stderr)
         return done.returncode

@@ -21,9 +21,15 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session", autouse=True)
 def _shared_model_cache(tmp_path_factory):
-    """One cache of locally pre-trained base models for the whole test session (per xdist worker)."""
+    """One cache of locally pre-trained base models for the whole test session, shared by the xdist workers
+    (``train_and_cache`` holds a lock while it builds, so a model two workers need is trained once)."""
     if "LITLAB_CACHE" not in os.environ:
-        os.environ["LITLAB_CACHE"] = str(tmp_path_factory.mktemp("litlab_cache"))
+        base = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            base = base.parent  # the session's folder above popen-gw0, popen-gw1, ...
+        cache = base / "litlab_cache"
+        cache.mkdir(exist_ok=True)
+        os.environ["LITLAB_CACHE"] = str(cache)
     yield
 
 

@@ -2,6 +2,7 @@
 .ci/slurm_local.sh): a 2-task CPU job training with DDP over gloo, and a job requeued by SIGUSR1 that resumes."""
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -55,8 +56,27 @@ def submit(capsys, args) -> tuple[str, Path]:
 
 
 def job_state(job_id: str) -> str:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30
+    ).stdout
     return out.split("JobState=")[1].split()[0] if "JobState=" in out else "GONE"
+
+
+def cluster_diagnostics(job_id: str) -> str:
+    """What a failure message needs to say why a job did not run: the job record (state, Reason), the node's
+    state, and the tails of the daemons' logs (.ci/slurm_local.sh keeps them beside SLURM_CONF)."""
+
+    def out(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return f"{cmd[0]}: {err}"
+
+    parts = [out(["scontrol", "show", "job", "-o", job_id]), out(["sinfo", "-N", "-o", "%N %t %E"])]
+    conf = os.environ.get("SLURM_CONF")
+    for log in sorted(Path(conf).parent.glob("log/*.log")) if conf else []:
+        parts.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+    return "\n".join(parts)
 
 
 def wait(job_id: str, until, timeout: float) -> None:
@@ -65,8 +85,9 @@ def wait(job_id: str, until, timeout: float) -> None:
         if until():
             return
         time.sleep(1)
-    subprocess.run(["scancel", job_id])
-    pytest.fail(f"job {job_id} timed out in state {job_state(job_id)}")
+    diagnostics = cluster_diagnostics(job_id)
+    subprocess.run(["scancel", job_id], timeout=20)
+    pytest.fail(f"job {job_id} timed out in state {job_state(job_id)}\n{diagnostics}")
 
 
 @needs_cluster
@@ -87,7 +108,7 @@ def test_two_task_ddp_job_runs_both_ranks(tmp_path, capsys, monkeypatch):
             "2",
         ],
     )
-    wait(job, lambda: job_state(job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE"), 600)
+    wait(job, lambda: job_state(job) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE"), 420)
     log = (run_dir / f"slurm-{job}.out").read_text()
     assert job_state(job) in ("COMPLETED", "GONE"), log[-3000:]
     assert (
@@ -121,9 +142,9 @@ def test_sigusr1_requeues_and_resumes(tmp_path, capsys, monkeypatch):
         ],
     )
     # the CSV logger first writes its file after 100 steps: signal part-way through the run
-    wait(job, lambda: list(run_dir.glob("csv/version_0/metrics.csv")), 600)
+    wait(job, lambda: list(run_dir.glob("csv/version_0/metrics.csv")), 420)
     subprocess.run(["scancel", "--signal=USR1", job], check=True)
-    wait(job, lambda: (run_dir / "summary.json").exists() and job_state(job) in ("COMPLETED", "GONE"), 900)
+    wait(job, lambda: (run_dir / "summary.json").exists() and job_state(job) in ("COMPLETED", "GONE"), 420)
     log = (run_dir / f"slurm-{job}.out").read_text()
     assert "Requeued SLURM job" in log and f"job {job} attempt 1" in log, log[-3000:]
     assert "Restored all states from the checkpoint" in log and list(run_dir.glob("hpc_ckpt_*.ckpt"))

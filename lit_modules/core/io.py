@@ -7,6 +7,7 @@ or a second process writing the same cache sees the old file or the new one, nev
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -40,6 +41,22 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.exists():
             tmp.unlink()
+
+
+@contextmanager
+def one_builder(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``.<name>.lock`` beside it while ``path`` is checked and built: two processes that need
+    the same cached artefact (the two workers of ``litlab repro --jobs 2``, two test workers) build it once, and
+    the second loads what the first wrote. The kernel drops the lock when its holder dies, killed or not."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from litlab.lit_modules.core.corpus import CharTokenizer, local_text_corpus
-from litlab.lit_modules.core.io import atomic_path, cache_dir
+from litlab.lit_modules.core.io import atomic_path, cache_dir, one_builder
 from litlab.lit_modules.core.models import TinyGPT
 
 M = TypeVar("M", bound=nn.Module)
@@ -49,7 +49,7 @@ def train_and_cache(
     from safetensors.torch import load_file, save_file
 
     path = cache_dir() / f"{name}-{cache_key(args)}.safetensors"
-    with torch.random.fork_rng():
+    with one_builder(path), torch.random.fork_rng():
         torch.manual_seed(seed)
         model = build()
         if path.exists():
@@ -61,9 +61,9 @@ def train_and_cache(
             train(model)
         finally:
             torch.set_num_threads(before)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k not in skip_keys}
-    with atomic_path(path) as tmp:
-        save_file(state, str(tmp))
+        state = {k: v.contiguous() for k, v in model.state_dict().items() if k not in skip_keys}
+        with atomic_path(path) as tmp:
+            save_file(state, str(tmp))
     return model
 
 
