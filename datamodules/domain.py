@@ -1,0 +1,330 @@
+"""Multi-domain data for domain adaptation: one labelled source domain and one or more target domains.
+
+Quick scale is generated here with seeded, vectorised numpy renderers (nothing is downloaded):
+
+* ``render_dsprites_like``: 32×32 RGB shapes (square / ellipse / triangle) with continuous factors (scale, x, y)
+  in three render styles that mirror dSprites' colour / noisy / scream domains (``C``, ``N``, ``S``), for
+  source-free regression (``RegressionDomainsDataModule``).
+
+Full scale reads the user's image folders and never downloads: ``check_domain_folder`` stops at once with the
+folder it looked in and the layout it expects (``DOMAIN_LAYOUTS``).
+
+Every loader yields tensors only. The source domain's dataset object is never handed to a target loader
+(``source_dataset`` / ``target_train_dataset`` are distinct objects; tests assert it), so a source-free method
+that trains on ``train_dataloader()`` cannot see source data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from litlab.lit_modules.core.errors import DatasetUnavailableError
+
+# ---- full scale: the layouts we read ---------------------------------------------------------------------------
+DOMAIN_LAYOUTS: dict[str, dict] = {
+    # classification: <root>/<domain>/<class>/<image>, the layout Office-31, Office-Home and PACS ship in
+    "office31": {"domains": ("amazon", "dslr", "webcam"), "kind": "class folders", "classes": 31},
+    "office_home": {
+        "domains": ("Art", "Clipart", "Product", "Real_World"),
+        "kind": "class folders",
+        "classes": 65,
+    },
+    "pacs": {
+        "domains": ("photo", "art_painting", "cartoon", "sketch"),
+        "kind": "class folders",
+        "classes": 7,
+    },
+    "domainnet": {
+        "domains": ("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
+        "kind": "class folders",
+        "classes": 345,
+    },
+    # regression: RSD's image lists, <root>/image_list/<domain>.txt with lines "<relative path> <factor> ..."
+    "dsprites": {"domains": ("color", "noisy", "scream"), "kind": "image list", "factors": 3},
+    "mpi3d": {"domains": ("real", "realistic", "toy"), "kind": "image list", "factors": 2},
+}
+
+
+def expected_layout(benchmark: str) -> str:
+    spec = DOMAIN_LAYOUTS[benchmark]
+    if spec["kind"] == "class folders":
+        return f"<data_root>/<domain>/<class>/<image>, domains {', '.join(spec['domains'])}"
+    return (
+        f"<data_root>/image_list/<domain>.txt (lines '<image path relative to data_root> <{spec['factors']} "
+        f"factor values>'), domains {', '.join(spec['domains'])}"
+    )
+
+
+def domain_path(benchmark: str, data_root: str | Path, domain: str) -> Path:
+    spec = DOMAIN_LAYOUTS[benchmark]
+    root = Path(data_root)
+    return root / domain if spec["kind"] == "class folders" else root / "image_list" / f"{domain}.txt"
+
+
+def check_domain_folder(benchmark: str, data_root: str | None, domains: list[str]) -> None:
+    """Raise ``DatasetUnavailableError`` naming the first missing folder/list and the expected layout."""
+    if benchmark not in DOMAIN_LAYOUTS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {sorted(DOMAIN_LAYOUTS)}")
+    known = DOMAIN_LAYOUTS[benchmark]["domains"]
+    for d in domains:
+        if d not in known:
+            raise ValueError(f"{benchmark} has no domain {d!r}; domains: {', '.join(known)}")
+    if data_root is None:
+        raise DatasetUnavailableError(
+            f"benchmark {benchmark!r} needs data.init_args.data_root, a local folder laid out as "
+            f"{expected_layout(benchmark)}; nothing is downloaded at run time"
+        )
+    for d in domains:
+        path = domain_path(benchmark, data_root, d)
+        if not path.exists():
+            raise DatasetUnavailableError(
+                f"benchmark {benchmark!r}: {path} does not exist; data.init_args.data_root={data_root!r} must be "
+                f"laid out as {expected_layout(benchmark)}; nothing is downloaded at run time"
+            )
+
+
+def _load_image(path: Path, size: int) -> torch.Tensor:
+    from PIL import Image
+
+    img = Image.open(path).convert("RGB").resize((size, size), Image.BILINEAR)
+    return torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1).contiguous()
+
+
+def load_image_list(
+    benchmark: str, data_root: str, domain: str, size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A regression domain in RSD's image-list layout: images resized to ``size`` and their factor rows."""
+    lines = [
+        ln.split() for ln in domain_path(benchmark, data_root, domain).read_text().splitlines() if ln.strip()
+    ]
+    n_factors = DOMAIN_LAYOUTS[benchmark]["factors"]
+    bad = [ln for ln in lines if len(ln) != 1 + n_factors]
+    if bad:
+        raise DatasetUnavailableError(
+            f"{domain_path(benchmark, data_root, domain)}: line {' '.join(bad[0])!r} does not have an image path "
+            f"and {n_factors} factor values ({expected_layout(benchmark)})"
+        )
+    x = torch.stack([_load_image(Path(data_root) / ln[0], size) for ln in lines])
+    y = torch.tensor([[float(v) for v in ln[1:]] for ln in lines], dtype=torch.float32)
+    return x, y
+
+
+# ---- quick scale: dSprites-like renders --------------------------------------------------------------------------
+DSPRITES_STYLES = ("C", "N", "S")
+SHAPES = ("square", "ellipse", "triangle")
+
+
+def render_dsprites_like(style: str, n: int, rng: np.random.Generator, size: int = 32):
+    """``n`` images (n, 3, size, size) in [0, 1] and labels (n, 3) = (normalised scale, x, y) in [0, 1].
+
+    Factors: shape uniform over {square, ellipse, triangle}, scale ~ U(0.5, 1), orientation ~ U(0, 2π) (a
+    nuisance), x, y ~ U(0, 1). Geometry in pixel coordinates (pixel centres at +0.5): half-size r = 7·scale,
+    centre = 7 + pos·(size − 14); coordinates rotated by θ; square |u|, |v| ≤ 0.8r; ellipse (u/r)² + (v/0.6r)² ≤ 1;
+    triangle −0.5r ≤ v ≤ r − 1.53|u|. Styles: ``C`` random colour U(0.3, 1)³ on black; ``N`` white shape on
+    per-pixel, per-channel noise U(0, 1); ``S`` shape pixels = 1 − background on a smooth colour texture (per
+    channel a sum of 4 terms sin(2π(f_x·x + f_y·y)/4 + φ), f ~ U(0.05, 0.35), φ ~ U(0, 2π), min-max
+    normalised), standing in for dSprites' "scream" background.
+    """
+    if style not in DSPRITES_STYLES:
+        raise ValueError(f"unknown dSprites-like style {style!r}; expected one of {DSPRITES_STYLES}")
+    shape = rng.integers(0, 3, n)
+    scale = rng.uniform(0.5, 1.0, n)
+    theta = rng.uniform(0.0, 2 * np.pi, n)
+    pos = rng.uniform(0.0, 1.0, (n, 2))
+    r = (7.0 * scale)[:, None, None]
+    cx = (7.0 + pos[:, 0] * (size - 14))[:, None, None]
+    cy = (7.0 + pos[:, 1] * (size - 14))[:, None, None]
+    grid = np.arange(size) + 0.5
+    px, py = grid[None, None, :], grid[None, :, None]
+    c, s = np.cos(theta)[:, None, None], np.sin(theta)[:, None, None]
+    u = c * (px - cx) + s * (py - cy)
+    v = -s * (px - cx) + c * (py - cy)
+    sq = (np.abs(u) <= 0.8 * r) & (np.abs(v) <= 0.8 * r)
+    el = (u / r) ** 2 + (v / (0.6 * r)) ** 2 <= 1.0
+    tr = (v >= -0.5 * r) & (v <= r - 1.53 * np.abs(u))
+    mask = np.where((shape == 0)[:, None, None], sq, np.where((shape == 1)[:, None, None], el, tr))
+    mask = mask[:, None].astype(np.float32)  # (n, 1, H, W)
+    if style == "C":
+        colour = rng.uniform(0.3, 1.0, (n, 3, 1, 1))
+        img = mask * colour
+    elif style == "N":
+        noise = rng.uniform(0.0, 1.0, (n, 3, size, size))
+        img = np.where(mask > 0, 1.0, noise)
+    else:
+        f = rng.uniform(0.05, 0.35, (n, 3, 4, 2))
+        phi = rng.uniform(0.0, 2 * np.pi, (n, 3, 4))
+        xs = np.arange(size, dtype=np.float64)
+        arg = (
+            f[..., 0, None, None] * xs[None, None, None, None, :]
+            + f[..., 1, None, None] * xs[None, None, None, :, None]
+        )  # (n, 3, 4, H, W)
+        tex = np.sin(2 * np.pi * arg / 4 + phi[..., None, None]).sum(2)
+        lo, hi = tex.min(axis=(2, 3), keepdims=True), tex.max(axis=(2, 3), keepdims=True)
+        tex = (tex - lo) / np.maximum(hi - lo, 1e-8)
+        img = np.where(mask > 0, 1.0 - tex, tex)
+    labels = np.stack([(scale - 0.5) / 0.5, pos[:, 0], pos[:, 1]], axis=1)
+    return torch.from_numpy(img.astype(np.float32)), torch.from_numpy(labels.astype(np.float32))
+
+
+class IndexedImages(Dataset):
+    """Images with their position in the domain's set: ``(x, index)``, no labels (an unlabelled target)."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], i
+
+
+def weak_augment(x: torch.Tensor, brightness: float, noise: float) -> torch.Tensor:
+    """Brightness × U(1 − b, 1 + b) per image and Gaussian noise σ = ``noise``, clipped to [0, 1] (torch's RNG)."""
+    scale = 1.0 + (torch.rand(x.shape[0], 1, 1, 1) * 2 - 1) * brightness
+    return (x * scale + noise * torch.randn_like(x)).clamp(0.0, 1.0)
+
+
+class TwoViews:
+    """Collate for the unlabelled target loader: ``(view_1, view_2, index)``, two independent weak augmentations."""
+
+    def __init__(self, brightness: float, noise: float):
+        self.brightness, self.noise = brightness, noise
+
+    def __call__(self, items):
+        x = torch.stack([it[0] for it in items])
+        idx = torch.tensor([it[1] for it in items], dtype=torch.long)
+        return weak_augment(x, self.brightness, self.noise), weak_augment(x, self.brightness, self.noise), idx
+
+
+Benchmark = Literal["dsprites_like", "dsprites", "mpi3d"]
+
+
+class RegressionDomainsDataModule(L.LightningDataModule):
+    """A labelled source domain and one unlabelled target domain with continuous labels in [0, 1]^T.
+
+    ``train_dataloader()`` is the target's unlabelled training split, ``(view_1, view_2, index)``;
+    ``val_dataloader()`` / ``test_dataloader()`` its labelled test split, ``(x, y)``; ``source_train_loader()``
+    the source domain, ``(x, y)``, for the source stage only. Quick scale (``dsprites_like``) renders
+    ``n_per_domain`` images per domain from ``np.random.default_rng([data_seed, domain index])`` and splits each
+    target into ``n_target_train`` unlabelled training and the rest test images; the source uses all of its own.
+    Full scale (``dsprites``, ``mpi3d``) reads RSD's image lists under ``data_root`` (labels min-max normalised
+    with the source domain's range, which ``label_range`` holds).
+    """
+
+    task = "regression"
+
+    def __init__(
+        self,
+        benchmark: Benchmark = "dsprites_like",
+        source: str = "C",
+        target: str = "N",
+        n_per_domain: int = 1200,
+        n_target_train: int = 800,
+        size: int = 32,
+        data_seed: int = 0,
+        batch_size: int = 64,
+        aug_brightness: float = 0.1,
+        aug_noise: float = 0.03,
+        data_root: str | None = None,
+        num_workers: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        if benchmark == "dsprites_like":
+            for d in (source, target):
+                if d not in DSPRITES_STYLES:
+                    raise ValueError(f"dsprites_like domains are {DSPRITES_STYLES}, got {d!r}")
+            if not 0 < n_target_train < n_per_domain:
+                raise ValueError(f"n_target_train must be in (0, {n_per_domain}), got {n_target_train}")
+            self.num_outputs = 3
+        else:
+            check_domain_folder(benchmark, data_root, [source, target])
+            self.num_outputs = DOMAIN_LAYOUTS[benchmark]["factors"]
+        if source == target:
+            raise ValueError(f"source and target are the same domain {source!r}")
+        self.source_domain, self.target_domains = source, [target]
+        self.target = target
+        self.input_shape = (3, size, size)
+        self.factor_names = (
+            ["scale", "x", "y"] if self.num_outputs == 3 else [f"f{i}" for i in range(self.num_outputs)]
+        )
+        self._ready = False
+
+    def data_key(self) -> dict:
+        """What shapes the source domain's data: part of the source stage's cache key."""
+        h = self.hparams
+        return {
+            "benchmark": h.benchmark,
+            "source": h.source,
+            "n": h.n_per_domain,
+            "size": h.size,
+            "data_seed": h.data_seed,
+            "data_root": h.data_root,
+        }
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._ready:
+            return
+        h = self.hparams
+        if h.benchmark == "dsprites_like":
+
+            def dom(name):
+                rng = np.random.default_rng([h.data_seed, DSPRITES_STYLES.index(name)])
+                return render_dsprites_like(name, h.n_per_domain, rng, h.size)
+
+            xs, ys = dom(h.source)
+            xt, yt = dom(h.target)
+            self.label_range = torch.tensor([[0.0] * 3, [1.0] * 3])
+        else:
+            xs, ys = load_image_list(h.benchmark, h.data_root, h.source, h.size)
+            xt, yt = load_image_list(h.benchmark, h.data_root, h.target, h.size)
+            lo, hi = ys.min(0).values, ys.max(0).values
+            self.label_range = torch.stack([lo, hi])
+            ys = (ys - lo) / (hi - lo).clamp_min(1e-8)
+            yt = ((yt - lo) / (hi - lo).clamp_min(1e-8)).clamp(0, 1)
+            perm = torch.randperm(len(xt), generator=torch.Generator().manual_seed(h.data_seed))
+            xt, yt = xt[perm], yt[perm]
+        n_tr = h.n_target_train if h.benchmark == "dsprites_like" else int(0.7 * len(xt))
+        self.source_dataset = TensorDataset(xs, ys)
+        self.target_train_dataset = IndexedImages(xt[:n_tr])
+        self.target_test_dataset = TensorDataset(xt[n_tr:], yt[n_tr:])
+        self._target_train_labels = yt[:n_tr]  # held back: only tests and diagnostics read it
+        self._ready = True
+
+    def target_size(self, target: str | None = None) -> int:
+        return len(self.target_train_dataset)
+
+    def source_train_loader(self, batch_size: int = 64, shuffle: bool = True, seed: int = 0) -> DataLoader:
+        gen = torch.Generator().manual_seed(seed)
+        return DataLoader(self.source_dataset, batch_size=batch_size, shuffle=shuffle, generator=gen)
+
+    def target_plain_loader(self, target: str | None = None, batch_size: int = 256) -> DataLoader:
+        """The target's unlabelled training images in order, ``(x, index)``: bank passes, BN statistics."""
+        return DataLoader(self.target_train_dataset, batch_size=batch_size, shuffle=False)
+
+    def train_dataloader(self) -> DataLoader:
+        # the order depends on (run seed, epoch) only: a resumed run sees the same batches
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        gen = torch.Generator().manual_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)) + 1000 * epoch)
+        order = torch.randperm(len(self.target_train_dataset), generator=gen).tolist()
+        return DataLoader(
+            self.target_train_dataset,
+            batch_size=self.hparams.batch_size,
+            sampler=order,
+            collate_fn=TwoViews(self.hparams.aug_brightness, self.hparams.aug_noise),
+            num_workers=self.hparams.num_workers,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.target_test_dataset, batch_size=400)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
