@@ -1,0 +1,14 @@
+"""The analysis family: measurements of training, not new trainers.
+
+Its users point these at their own checkpoints and runs (``litlab analyze <kind> ...``) or attach them as probes
+to any ``litlab fit``:
+
+* ``spectral.py``  the linear algebra of comparing two weight matrices (norms, ranks, Mirsky ratio, singular-vector
+  alignment, subspace overlap, the value/vector swap), as pure functions;
+* ``heads.py``     per-head views of attention projections (TinyGPT, Llama/OLMo q/k/v/o with GQA, GPT-2 ``c_attn``)
+  and head rewinding masks;
+* ``checkpoints.py`` plain weights from a Lightning checkpoint (adapters merged), a run folder, a safetensors
+  file, a Hugging Face folder or id;
+* ``contract.py``  what a family module reads from its DataModule;
+* ``diffract.py``  Diffract (where continued pre-training puts its update), its CPT module and analysis.
+"""

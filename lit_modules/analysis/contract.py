@@ -1,0 +1,34 @@
+"""What the analysis family reads from its DataModule (checked once at setup with ``check_protocol``).
+
+``DomainEvalData``: the CPT domain's name and fixed evaluation windows of the domain and of the general
+(pre-training-like) distribution, as one ``{"input_ids", "labels"}`` batch each, for training-free evaluations
+(head rewinding, swaps, interpolation). ``litlab.datamodules.domain_corpus.DomainCorpusDataModule`` provides it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from litlab.datamodules.domain_corpus import DOMAINS, DomainCorpusDataModule, domain_ids, fixed_windows
+from litlab.lit_modules.core.contracts import check_protocol
+
+__all__ = ["DOMAINS", "DomainCorpusDataModule", "DomainEvalData", "check_data", "domain_eval_set"]
+
+
+@runtime_checkable
+class DomainEvalData(Protocol):
+    domain: str
+    general_domain: str
+
+    def eval_set(self, which: Literal["domain", "general"]) -> dict[str, Tensor]: ...
+
+
+def check_data(dm: object, user: str) -> None:
+    check_protocol(dm, DomainEvalData, user)
+
+
+def domain_eval_set(domain: str, block_size: int = 64, n: int = 64) -> dict[str, Tensor]:
+    """The fixed validation windows of a local domain, for ``litlab analyze`` on char-level tiny models."""
+    return fixed_windows(domain_ids(domain)[1], block_size, n)
