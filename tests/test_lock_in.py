@@ -1,0 +1,161 @@
+"""Lock-in (analysis family): curvature numerics and the harm / projection / collapse maths against closed forms
+(spec checks §7.1-7.5 and §7.8 of the reconstruction; the module and card are not built yet)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from litlab.lit_modules.analysis import curvature as C
+from litlab.lit_modules.analysis import lock_in as LI
+from litlab.lit_modules.core.models import TinyGPT
+
+
+def _mlp_loss():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 6)).double()  # 214 parameters
+    x, y = torch.randn(32, 6, dtype=torch.float64), torch.randint(0, 6, (32,))
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    flat = C.FlatParams.of(params)
+
+    def f(theta):
+        out = torch.func.functional_call(net, flat.unflatten(theta), (x,))
+        return nn.functional.cross_entropy(out, y)
+
+    return f, flat.flatten(params)
+
+
+# ---- §7.1 HVP ------------------------------------------------------------------------------------------------
+def test_hvp_equals_the_explicit_hessian_times_v():
+    f, theta = _mlp_loss()
+    Hm = torch.autograd.functional.hessian(f, theta)
+    v = torch.randn(theta.numel(), dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(C.hvp(f, theta, v), Hm @ v, atol=1e-10)
+
+
+def test_hvp_on_tiny_gpt_is_symmetric_under_the_math_sdpa_backend():
+    torch.manual_seed(0)
+    model = TinyGPT(vocab_size=97, d_model=16, n_layers=1, n_heads=2, block_size=16).eval()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    flat = C.FlatParams.of(params)
+    batch = {"input_ids": torch.randint(0, 97, (4, 16)), "labels": torch.randint(0, 97, (4, 16))}
+    f = C.lm_loss_fn(model, [batch], flat, {})
+    theta = flat.flatten(params)
+    g = torch.Generator().manual_seed(0)
+    u, v = torch.randn(flat.size, generator=g), torch.randn(flat.size, generator=g)
+    uHv, vHu = float(u @ C.hvp(f, theta, v)), float(v @ C.hvp(f, theta, u))
+    assert abs(uHv - vHu) <= 1e-4 * max(abs(uHv), 1e-8)
+
+
+# ---- §7.2 Lanczos --------------------------------------------------------------------------------------------
+def test_lanczos_recovers_a_known_spectrum():
+    d = torch.linspace(0.0, 1.0, 2000, dtype=torch.float64)
+    top = torch.tensor([100.0, 50.0, 20.0, 10.0, 5.0], dtype=torch.float64)
+    idx = torch.tensor([7, 300, 1200, 55, 1999])
+    d[idx] = top
+    eig = C.lanczos(lambda v: d * v, 2000, k=5, m=40)
+    assert torch.allclose(eig.values, top, rtol=1e-6)
+    for i in range(5):
+        assert abs(float(eig.vectors[idx[i], i])) > 1 - 1e-6
+    assert float(eig.residuals.max()) < 1e-6
+
+
+def test_lanczos_matches_eigvalsh_of_a_formed_hessian():
+    f, theta = _mlp_loss()
+    Hm = torch.autograd.functional.hessian(f, theta)
+    exact = torch.linalg.eigvalsh(Hm).flip(0)
+    eig = C.lanczos(C.hessian_operator(f, theta), theta.numel(), k=5, m=80)
+    assert torch.allclose(eig.values, exact[:5], rtol=1e-6, atol=1e-9)
+    assert float(eig.residuals.max()) < 1e-6
+    assert C.power_iteration(lambda v: Hm @ v, theta.numel(), iters=300) == pytest.approx(
+        float(exact.abs().max()), rel=1e-3
+    )
+    tr = C.hutchinson_trace(lambda v: Hm @ v, theta.numel(), probes=400)
+    assert tr == pytest.approx(float(torch.trace(Hm)), rel=0.1)
+
+
+def test_lanczos_top_ritz_pair_on_tiny_gpt_passes_the_residual_check():
+    torch.manual_seed(0)
+    model = TinyGPT(vocab_size=97, d_model=16, n_layers=1, n_heads=2, block_size=16).eval()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    flat = C.FlatParams.of(params)
+    batch = {"input_ids": torch.randint(0, 97, (4, 16)), "labels": torch.randint(0, 97, (4, 16))}
+    f = C.lm_loss_fn(model, [batch], flat, {})
+    eig = C.lanczos(C.hessian_operator(f, flat.flatten(params)), flat.size, k=1, m=30)
+    assert float(eig.residuals[0]) < 1e-2 and float(eig.values[0]) > 0
+
+
+# ---- §7.3 projection exactness -------------------------------------------------------------------------------
+def test_projected_steps_stay_out_of_the_stiff_basis():
+    g = torch.Generator().manual_seed(0)
+    S = torch.linalg.qr(torch.randn(200, 10, generator=g, dtype=torch.float64))[0]
+    theta0 = torch.randn(200, generator=g, dtype=torch.float64)
+    theta = theta0.clone()
+    for _ in range(20):
+        theta = theta + LI.project_out(0.1 * torch.randn(200, generator=g, dtype=torch.float64), S)
+    delta = theta - theta0
+    assert float((S.T @ delta).norm()) < 1e-6 * float(delta.norm())
+    A = torch.randn(30, 12, generator=g, dtype=torch.float64)
+    U = LI.energy_basis(A.T @ A, tau=0.9)
+    dW = LI.project_layer(torch.randn(8, 12, generator=g, dtype=torch.float64), U)
+    assert float((dW @ U).norm()) < 1e-6 * float(dW.norm())
+    evals = torch.linalg.eigvalsh(A.T @ A).flip(0)
+    r = U.shape[1]
+    assert float(evals[:r].sum() / evals.sum()) >= 0.9 > float(evals[: r - 1].sum() / evals.sum())
+    step = torch.randn(200, generator=g, dtype=torch.float64)
+    damped = LI.project_out_damped(step, torch.ones(10, dtype=torch.float64), S, gamma=1.0)
+    assert torch.allclose(S.T @ damped, 0.5 * (S.T @ step), atol=1e-12)
+
+
+# ---- §7.4 harm identity ----------------------------------------------------------------------------------------
+def test_harm_signal_with_the_full_basis_is_the_quadratic_loss():
+    g = torch.Generator().manual_seed(0)
+    M = torch.randn(12, 12, generator=g, dtype=torch.float64)
+    Hm = M @ M.T
+    lam, V = torch.linalg.eigh(Hm)
+    x = torch.randn(12, generator=g, dtype=torch.float64)
+    assert abs(LI.harm_signal(x, lam, V) - float(0.5 * x @ Hm @ x)) < 1e-8
+    zero = torch.zeros(12, dtype=torch.float64)
+    assert LI.harm_signal(zero, lam, V) == 0.0 and LI.stiff_fraction(zero, V[:, :3]) == 0.0
+    assert LI.curvature_share(0.0, float(lam[-1]), 0.0) == 0.0
+    assert LI.stiff_fraction(V[:, -1], V[:, -1:]) == pytest.approx(1.0)
+
+
+# ---- collapse statistics on hand-made trajectories (the §7.5 metric property, without the fits) -------------
+def test_collapse_metric_separates_rate_changes_from_curve_changes():
+    t = torch.linspace(0, 1, 20, dtype=torch.float64)
+    curve = lambda lt: 3.0 - 0.5 * lt  # noqa: E731  one shared degradation curve L_B = Φ(L_T)
+    slow, fast = 2.0 - 0.3 * t, 2.0 - 0.6 * t  # same curve, different rates
+    lt = torch.cat([slow, fast])
+    lb = curve(lt)
+    assert LI.collapse_r2(lt.tolist(), lb.tolist()) > 0.999
+    other = 2.0 - 0.6 * t  # a third run on another branch: lower broad loss at the same task loss
+    lt3, lb3 = torch.cat([lt, other]), torch.cat([lb, curve(other) - 0.3 * t])
+    assert LI.collapse_r2(lt3.tolist(), lb3.tolist()) < 0.9
+    fit = LI.isotonic_decreasing([0, 1, 2, 3], [1.0, 3.0, 2.0, 0.0])
+    assert fit.tolist() == [2.0, 2.0, 2.0, 0.0]
+
+
+def test_paradox_witnesses_and_spearman():
+    drift, dLB = [1.0, 1.05, 2.0], [0.2, 0.5, 0.6]
+    assert LI.paradox_witnesses(drift, dLB) == [(0, 1)]
+    assert LI.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert LI.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert LI.drift_r2([0, 1, 2, 3], [0.0, 1.0, 2.0, 3.0]) == pytest.approx(1.0)
+
+
+# ---- §7.8 subspace probes ----------------------------------------------------------------------------------
+def test_updates_forced_into_a_rank_two_subspace():
+    g = torch.Generator().manual_seed(0)
+    L = torch.linalg.qr(torch.randn(16, 2, generator=g))[0]
+    R = torch.linalg.qr(torch.randn(12, 2, generator=g))[0]
+    dW, Vs, steps = torch.zeros(16, 12, dtype=torch.float64), [], []
+    for _ in range(8):
+        step = (L @ torch.diag(torch.randn(2, generator=g)) @ R.T).double()  # two fixed directions
+        dW = dW + step
+        steps.append(step.reshape(-1))
+        Vs.append(torch.linalg.svd(dW)[2][:2].T)
+    assert LI.erank_energy(dW) <= 2 + 1e-6
+    assert all(LI.subspace_stability(Vs[i], Vs[i - 1]) == pytest.approx(1.0, abs=1e-9) for i in range(1, 8))
+    assert LI.participation_ratio(torch.stack(steps)) <= 2 + 1e-9
