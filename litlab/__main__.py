@@ -14,6 +14,7 @@ TOOLS = {
     "sweep": "litlab.sweep",  # run a wandb sweep file locally, without a wandb server
     "data": "litlab.data",  # build data sets locally (e.g. D4RL-layout HDF5)
     "bench": "litlab.bench",  # timings: litlab bench <name> (the modules of benchmarks/)
+    "plan": "litlab.plan",  # CSPLoRA: probe a config's frozen base once, write a rank plan
     "analyze": "litlab.analyze",  # training-free analyses of checkpoints: litlab analyze diffract ...
 }
 

@@ -129,8 +129,8 @@ class InfLoRA(SequentialLoRA):
                     torch.eye(layer.in_features, dtype=torch.float64)
                     - self.memories[n].V @ self.memories[n].V.T
                 )
-                U = top_eigvecs(P @ M_cur[n] @ P, self.hparams.rank)[1]
                 b = layer.branches["default"]
+                U = top_eigvecs(P @ M_cur[n] @ P, b.rank)[1]
                 b.A.copy_(U.T.to(b.A))
                 b.B.zero_()
 

@@ -49,8 +49,10 @@ from litlab.lit_modules.core.adapters import (
     adapter_parameters,
     inject_adapters,
     snapshot_factors,
+    target_linear_names,
     transform_adapter_updates,
 )
+from litlab.lit_modules.core.rank_plan import planned_ranks
 
 
 class SequentialLoRA(L.LightningModule):
@@ -78,7 +80,10 @@ class SequentialLoRA(L.LightningModule):
         factor_dtype: Literal["float32", "float64"] = "float32",
         backbone: str = "tinyvit",
         optimizer: Literal["sgd", "adam"] = "sgd",
+        rank_plan: str | None = None,
     ):
+        """``rank_plan``: a CSPLoRA plan file (``litlab plan``) giving per-module ranks for this budget
+        (``rank`` is then the average rank r_base; α stays fixed, so each module's scale is α / r_l)."""
         super().__init__()
         self.save_hyperparameters()
         check_backbone_available(backbone)
@@ -147,7 +152,10 @@ class SequentialLoRA(L.LightningModule):
     def inject(self, backbone: nn.Module) -> dict[str, AdapterLinear]:
         hp = self.hparams
         targets = hp.targets if isinstance(hp.targets, str) else list(hp.targets)
-        return dict(inject_adapters(backbone, targets, rank=hp.rank, alpha=hp.alpha))
+        rank = hp.rank
+        if hp.get("rank_plan"):
+            rank = planned_ranks(hp.rank_plan, target_linear_names(backbone, targets), r_base=hp.rank)
+        return dict(inject_adapters(backbone, targets, rank=rank, alpha=hp.alpha))
 
     def configure_optimizers(self):
         hp = self.hparams

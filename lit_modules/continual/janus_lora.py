@@ -179,8 +179,10 @@ class JanusLoRA(LoRAGPM):
         move during the task (trace(I − P_M); r on task 1). Once every row of A reads the protected subspace
         (A V of full rank r, which a trained shared adapter reaches after task 1), exact safety leaves B
         frozen and only A moves, inside the complement of V: the plasticity left to CE and DML alike."""
-        r = self.hparams.rank
-        free = [float(torch.trace(self._free[n])) if n in self._free else float(r) for n in self.adapted]
+        free = [
+            float(torch.trace(self._free[n])) if n in self._free else float(layer.branches["default"].rank)
+            for n, layer in self.adapted.items()
+        ]
         logs = super().on_task_end(t, dm)
         return {**logs, "janus/free_rank_dims": sum(free) / max(len(free), 1)}
 

@@ -351,6 +351,19 @@ def _per_module(value: PerModule, name: str, what: str) -> float | int:
     raise KeyError(f"no {what} given for module {name!r}; keys were {sorted(value)} (add it or a 'default')")
 
 
+def target_linear_names(model: nn.Module, targets: str | Iterable[str]) -> list[str]:
+    """The names of the ``nn.Linear`` modules (wrapped or not) that ``targets`` selects, in model order: the
+    modules a rank plan must give ranks to."""
+    if not isinstance(targets, str):
+        targets = list(targets)
+    inner = {id(m.base) for m in find_adapters(model).values()}
+    return [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, (nn.Linear, AdapterLinear)) and id(m) not in inner and _matches(n, targets)
+    ]
+
+
 def inject_adapters(
     model: nn.Module,
     targets: str | Iterable[str],

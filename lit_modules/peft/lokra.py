@@ -38,11 +38,20 @@ from litlab.lit_modules.core.adapters import (
     adapter_parameters,
     adapter_regularizer,
     inject_adapters,
+    target_linear_names,
 )
 from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.core.hf import load_causal_lm
 from litlab.lit_modules.core.kruskal import normalize_columns
 from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt
+from litlab.lit_modules.core.rank_plan import (
+    ProbeSettings,
+    RankPlan,
+    causal_lm_loss_and_confidence,
+    family_of,
+    planned_ranks,
+    probe_saliency,
+)
 
 Mode = Literal["lora", "lokra", "lokra_plus"]
 BlockMode = Literal["random", "fixed"]
@@ -93,6 +102,7 @@ class AdapterPlan:
     r2: int | None = None
     dropout: float = 0.0
     targets: tuple[str, ...] | str = DEFAULT_TARGETS
+    rank_plan: str | None = None  # a CSPLoRA plan file: per-module ranks (r₁) averaging ``rank``, α fixed
 
 
 @config_part
@@ -166,10 +176,13 @@ def inject_lokra(model: nn.Module, mode: Mode, plan: AdapterPlan) -> dict[str, A
         raise ValueError(f"mode must be 'lora', 'lokra' or 'lokra_plus', got {mode!r}")
     extra = {"r2": plan.r2} if mode == "lokra_plus" else {}
     targets = plan.targets if isinstance(plan.targets, str) else list(plan.targets)
+    rank = plan.rank
+    if plan.rank_plan is not None:
+        rank = planned_ranks(plan.rank_plan, target_linear_names(model, targets), r_base=plan.rank)
     return inject_adapters(
         model,
         targets,
-        rank=plan.rank,
+        rank=rank,
         alpha=plan.alpha,
         dropout=plan.dropout,
         kind="khatri_rao" if mode == "lokra_plus" else "lora",
@@ -323,6 +336,27 @@ class LoKRALanguageModel(_LoKRABase):
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self.log("val/loss", self.task_loss(batch), prog_bar=True)
+
+    def make_rank_plan(self, datamodule, batches: int = 20) -> RankPlan:
+        """CSPLoRA's stage 1 on this LM (``litlab plan``): confidence-weighted Taylor saliency of each adapted
+        module's base weight over ``batches`` training batches (labels already next-token aligned, so no
+        shift). The adapters are still at B = 0, so the probed function is the frozen base's."""
+        datamodule.setup("fit")
+        loader = iter(datamodule.train_dataloader())
+        probe_batches = [next(loader) for _ in range(batches)]
+
+        def loss_and_confidence(model: nn.Module, batch) -> tuple[Tensor, Tensor]:
+            logits = self._logits(batch).float()
+            return causal_lm_loss_and_confidence(logits, batch["labels"], aligned=True)
+
+        settings = ProbeSettings(min_steps=batches, max_steps=batches)
+        scores, stats = probe_saliency(self.model, self.adapted, probe_batches, loss_and_confidence, settings)
+        return RankPlan(
+            scores=scores,
+            families={n: family_of(n) for n in scores},
+            base_model=str(self.hparams.backbone),
+            probe=stats,
+        )
 
     def configure_optimizers(self):
         hp = self.hparams

@@ -1,0 +1,340 @@
+"""CSPLoRA's rank planner and its artefact (H. Ding, X. Li, J. Ma, X. An, Y. Yang, Z. Tan, "CSPLoRA:
+Confidence-Guided Structural Planning for Low-Rank Adaptation", ICML 2026, OpenReview WkARznT46l; Algorithm 1).
+
+Probe once on the frozen base, deploy everywhere: the planner scores every target module by a
+confidence-weighted first-order Taylor saliency of its *base* weight (stage 1, eq. for S_l), calibrates the
+scores per module family and log-smooths them (stage 2), and turns them into per-module ranks for any budget
+(stage 3). The artefact is the score vector (``RankPlan``), not the ranks: every backend and every budget
+reads its own ranks from one probe. Pure functions; ``lit_modules/peft/csplora.py`` composes them, and every
+adapter backend takes a plan through its ``rank_plan`` argument (``planned_ranks``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from litlab.lit_modules.core.adapters import AdapterLinear
+from litlab.lit_modules.core.io import atomic_write_text
+
+PLAN_FORMAT = "litlab.rank_plan/1"
+GammaStrategy = Literal["fixed", "adaptive_std", "uniform"]
+
+
+# ---- stage 1: confidence-weighted probing ---------------------------------------------------------------
+def confidence_weights(
+    confidence: Tensor,
+    strategy: GammaStrategy = "fixed",
+    gamma: float = 2.0,
+    gamma_scale: float = 1.0,
+    gamma_max: float = 10.0,
+    min_std: float = 1e-4,
+) -> Tensor:
+    """Per-sample weights w (sum 1) from confidences c_i: difficulty d_i = 1 − c_i, then
+    fixed: w = softmax(γ d); adaptive: γ_eff = min(γ_s / std(d), γ_max), w = softmax(γ_eff (d − mean d)),
+    uniform when std(d) < min_std; a batch of one gets weight 1 (weighting needs two samples)."""
+    d = 1.0 - confidence.detach().flatten().double()
+    n = d.numel()
+    if n < 1:
+        raise ValueError("confidence_weights needs at least one sample")
+    if strategy not in ("fixed", "adaptive_std", "uniform"):
+        raise ValueError(f"gamma strategy must be 'fixed', 'adaptive_std' or 'uniform', got {strategy!r}")
+    if n == 1 or strategy == "uniform" or (strategy == "fixed" and gamma == 0):
+        return torch.full((n,), 1.0 / n, dtype=torch.float64)
+    if strategy == "fixed":
+        return torch.softmax(gamma * d, dim=0)
+    sigma = d.std(unbiased=False)  # population std, as the official planner
+    if sigma < min_std:
+        return torch.full((n,), 1.0 / n, dtype=torch.float64)
+    gamma_eff = min(gamma_scale / float(sigma), gamma_max)
+    return torch.softmax(gamma_eff * (d - d.mean()), dim=0)
+
+
+def classification_loss_and_confidence(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """ℓ_i = CE(logits_i, y_i) and c_i = softmax(logits_i)[y_i]."""
+    loss = nn.functional.cross_entropy(logits, labels, reduction="none")
+    return loss, torch.exp(-loss)
+
+
+def causal_lm_loss_and_confidence(
+    logits: Tensor, labels: Tensor, aligned: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Over target tokens (label ≠ −100), shifted by one unless ``aligned`` (labels already next-token):
+    ℓ_i = mean token CE, c_i = mean token probability."""
+    if not aligned:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    mask = labels != -100
+    tok = nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.clamp_min(0).reshape(-1), reduction="none"
+    ).view(labels.shape)
+    count = mask.sum(1).clamp_min(1)
+    return (tok * mask).sum(1) / count, (torch.exp(-tok) * mask).sum(1) / count
+
+
+@dataclass
+class ProbeSettings:
+    """Stage 1 (paper Appendix D; the stopping rule of the official planner): probe ``min_steps`` to
+    ``max_steps`` batches; every ``check_every`` steps compare the total energy E = Σ_l S_l / steps and the
+    top-``top_k`` modules; stop after ``patience`` checks in a row with |ΔE|/E < ``rel_tol`` and no top module
+    moved more than ``rank_tol`` places."""
+
+    gamma_strategy: GammaStrategy = "fixed"
+    gamma: float = 2.0
+    gamma_scale: float = 1.0
+    gamma_max: float = 10.0
+    min_steps: int = 50
+    max_steps: int = 200
+    check_every: int = 10
+    rel_tol: float = 0.02
+    top_k: int = 20
+    rank_tol: int = 5
+    patience: int = 3
+
+
+def _stable(prev: list[str], now: list[str], rank_tol: int) -> bool:
+    where = {n: i for i, n in enumerate(prev)}
+    return all(n in where and abs(where[n] - i) <= rank_tol for i, n in enumerate(now))
+
+
+@torch.no_grad()
+def _restore(flags: dict[nn.Parameter, bool]) -> None:
+    for p, flag in flags.items():
+        p.requires_grad_(flag)
+        p.grad = None
+
+
+def probe_saliency(
+    model: nn.Module,
+    modules: Mapping[str, nn.Module],
+    batches: Iterable,
+    loss_and_confidence: Callable[[nn.Module, object], tuple[Tensor, Tensor]],
+    settings: ProbeSettings = ProbeSettings(),  # noqa: B008  (frozen use only)
+) -> tuple[dict[str, float], dict]:
+    """S_l = (1/T) Σ_t Σ |W_l ⊙ ∂L_w/∂W_l| with L_w = Σ_i w_i ℓ_i (stage 1). ``modules`` maps names to the
+    wrapped linears (``AdapterLinear``: its base weight; ``nn.Linear``: its weight). No parameter changes: the
+    model runs in eval mode, only the base weights take gradients, and every ``requires_grad`` flag is put back.
+    Returns the scores and the probe's statistics (steps, whether it converged, mean effective sample size)."""
+    weights = {n: (m.base.weight if isinstance(m, AdapterLinear) else m.weight) for n, m in modules.items()}
+    flags = {p: p.requires_grad for p in model.parameters()}
+    flags.update({w: w.requires_grad for w in weights.values()})
+    was_training = model.training
+    scores = {n: 0.0 for n in weights}
+    steps, calm, converged, ess = 0, 0, False, []
+    prev_energy, prev_top = None, None
+    try:
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for w in weights.values():
+            w.requires_grad_(True)
+        for batch in batches:
+            loss, confidence = loss_and_confidence(model, batch)
+            w = confidence_weights(
+                confidence, settings.gamma_strategy, settings.gamma, settings.gamma_scale, settings.gamma_max
+            ).to(loss)
+            ess.append(float(1.0 / (w.double() ** 2).sum()) / w.numel())
+            grads = torch.autograd.grad((w * loss).sum(), list(weights.values()), allow_unused=True)
+            for (n, weight), g in zip(weights.items(), grads):
+                if g is not None:
+                    scores[n] += float((weight.detach() * g).abs().sum())
+            steps += 1
+            if steps % settings.check_every == 0 and steps >= settings.check_every:
+                energy = sum(scores.values()) / steps
+                top = sorted(scores, key=scores.get, reverse=True)[: settings.top_k]
+                if prev_energy is not None:
+                    quiet = abs(energy - prev_energy) / max(prev_energy, 1e-30) < settings.rel_tol
+                    calm = calm + 1 if quiet and _stable(prev_top, top, settings.rank_tol) else 0
+                prev_energy, prev_top = energy, top
+                if steps >= settings.min_steps and calm >= settings.patience:
+                    converged = True
+                    break
+            if steps >= settings.max_steps:
+                break
+    finally:
+        _restore(flags)
+        model.train(was_training)
+    if steps == 0:
+        raise ValueError("probe_saliency got no batches")
+    stats = {"steps": steps, "converged": converged, "mean_relative_ess": sum(ess) / len(ess)}
+    return {n: s / steps for n, s in scores.items()}, stats
+
+
+# ---- stage 2: calibration and smoothing -----------------------------------------------------------------
+def family_of(name: str) -> str:
+    """A module's family: its last name part (q_proj, fc1, ...)."""
+    return name.rsplit(".", 1)[-1]
+
+
+def calibrate(scores: Mapping[str, float], families: Mapping[str, str]) -> dict[str, float]:
+    """S'_l = S_l / mean_{m ∈ fam(l)} S_m: every family then has mean 1 (the official planner's rule)."""
+    totals: dict[str, list[float]] = {}
+    for n, s in scores.items():
+        totals.setdefault(families[n], []).append(s)
+    mean = {f: sum(v) / len(v) for f, v in totals.items()}
+    return {n: s / mean[families[n]] if mean[families[n]] > 0 else 0.0 for n, s in scores.items()}
+
+
+def smooth(scores: Mapping[str, float], tau: float = 1.0) -> dict[str, float]:
+    """s_l = log(1 + S'_l)^(1/τ), floored at 1e-12: order kept, heavy tails compressed (Appendix A, Prop. A.4)."""
+    if tau <= 0:
+        raise ValueError(f"smoothing temperature tau must be > 0, got {tau}")
+    return {n: max(math.log1p(s) ** (1.0 / tau), 1e-12) for n, s in scores.items()}
+
+
+# ---- stage 3: budget allocation -------------------------------------------------------------------------
+def allocate(
+    s: Mapping[str, float],
+    r_base: int,
+    r_min: int = 0,
+    r_max: int | None = None,
+    rho: float = 1.0,
+    floor: bool = True,
+) -> dict[str, float] | dict[str, int]:
+    """r_l = min(r_min + ⌊(R_tot − L r_min) s_l / Σ s⌋, r_max), R_tot = L r_base, r_max = 4 r_base by default;
+    the leftover goes +1 at a time to modules in descending s_l (cycling, skipping those at r_max). With
+    ``floor=False`` the real-valued ranks r_min + (R_tot − L r_min) s_l / Σ s (the scale-invariant structure).
+    ``rho < 1``: only the smallest top-score set holding ρ of the total score shares the budget; the rest get
+    r_min."""
+    names = list(s)
+    L = len(names)
+    if L == 0:
+        raise ValueError("allocate got no modules")
+    r_max = 4 * r_base if r_max is None else r_max
+    if not (0 <= r_min <= r_base <= r_max):
+        raise ValueError(
+            f"need 0 <= r_min <= r_base <= r_max, got r_min={r_min}, r_base={r_base}, r_max={r_max}"
+        )
+    if not 0 < rho <= 1:
+        raise ValueError(f"coverage rho must be in (0, 1], got {rho}")
+    total_budget = L * r_base
+    order = sorted(names, key=lambda n: s[n], reverse=True)  # stable: ties keep module order
+    active = order
+    if rho < 1:
+        total, acc, active = sum(s.values()), 0.0, []
+        for n in order:
+            active.append(n)
+            acc += s[n]
+            if acc >= rho * total:
+                break
+    remaining = total_budget - L * r_min
+    mass = sum(s[n] for n in active)
+    if not floor:
+        return {n: r_min + (remaining * s[n] / mass if n in active else 0.0) for n in names}
+    ranks = {n: r_min for n in names}
+    for n in active:
+        ranks[n] = min(r_min + math.floor(remaining * s[n] / mass), r_max)
+    leftover = total_budget - sum(ranks.values())
+    while leftover > 0 and any(ranks[n] < r_max for n in active):
+        for n in active:
+            if leftover == 0:
+                break
+            if ranks[n] < r_max:
+                ranks[n] += 1
+                leftover -= 1
+    return ranks
+
+
+# ---- the artefact ---------------------------------------------------------------------------------------
+def module_list_hash(names: Iterable[str]) -> str:
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+
+
+PlanVariant = Literal["csplora", "no_smooth", "no_calib", "raw"]
+
+
+@dataclass
+class RankPlan:
+    """What one probe leaves: the raw scores S_l per module (in model order), their families, the settings
+    it was probed with, the base model's name and a hash of its module list. Ranks are computed per budget
+    (``ranks``), so one file serves every budget and backend."""
+
+    scores: dict[str, float]
+    families: dict[str, str]
+    base_model: str
+    probe: dict = field(default_factory=dict)
+    made_for_r_base: int | None = None
+    tau: float = 1.0
+    format: str = PLAN_FORMAT
+
+    @property
+    def modules_hash(self) -> str:
+        return module_list_hash(self.scores)
+
+    def structure(self, variant: PlanVariant = "csplora") -> dict[str, float]:
+        """The structural prior s (stage 2) of the full planner or one ablation."""
+        if variant not in ("csplora", "no_smooth", "no_calib", "raw"):
+            raise ValueError(f"plan variant must be csplora, no_smooth, no_calib or raw, got {variant!r}")
+        x = dict(self.scores)
+        if variant in ("csplora", "no_smooth"):
+            x = calibrate(x, self.families)
+        if variant in ("csplora", "no_calib"):
+            x = smooth(x, self.tau)
+        return {n: max(v, 1e-12) for n, v in x.items()}
+
+    def ranks(
+        self,
+        r_base: int,
+        r_min: int = 0,
+        r_max: int | None = None,
+        variant: PlanVariant = "csplora",
+        rho: float = 1.0,
+    ) -> dict[str, int]:
+        return allocate(self.structure(variant), r_base, r_min, r_max, rho)
+
+    def check_matches(self, module_names: Iterable[str]) -> None:
+        """A plan loaded onto a model whose target modules differ is refused, naming the difference."""
+        names = list(module_names)
+        missing = [n for n in self.scores if n not in names]
+        extra = [n for n in names if n not in self.scores]
+        if missing or extra:
+            raise ValueError(
+                f"rank plan for {self.base_model!r} ({len(self.scores)} modules) does not fit this model: "
+                f"modules in the plan but not the model: {missing[:6]}{' …' if len(missing) > 6 else ''}; "
+                f"in the model but not the plan: {extra[:6]}{' …' if len(extra) > 6 else ''}"
+            )
+
+    def save(self, path: str | os.PathLike) -> Path:
+        body = {**asdict(self), "modules_hash": self.modules_hash}
+        return atomic_write_text(path, json.dumps(body, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> RankPlan:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"rank plan {path} does not exist (make one with `litlab plan --config ...`)"
+            )
+        body = json.loads(path.read_text())
+        if body.get("format") != PLAN_FORMAT:
+            raise ValueError(
+                f"{path} is not a litlab rank plan (format {body.get('format')!r}, want {PLAN_FORMAT})"
+            )
+        stored_hash = body.pop("modules_hash", None)
+        plan = cls(**body)
+        if stored_hash is not None and stored_hash != plan.modules_hash:
+            raise ValueError(f"rank plan {path}: its module list does not match its hash (edited by hand?)")
+        return plan
+
+
+def planned_ranks(
+    plan_path: str | os.PathLike,
+    module_names: Iterable[str],
+    r_base: int,
+    r_min: int = 0,
+    r_max: int | None = None,
+) -> dict[str, int]:
+    """What a backend's ``rank_plan`` argument does: load the plan, check it fits the model's target modules,
+    and return per-module ranks for this backend's budget (r_base = its uniform rank)."""
+    plan = RankPlan.load(plan_path)
+    names = list(module_names)
+    plan.check_matches(names)
+    return plan.ranks(r_base, r_min, r_max)

@@ -1,0 +1,217 @@
+"""CSPLoRA (ICML 2026, OpenReview WkARznT46l): the planner's pure functions against hand computations (spec
+§7.1–7.5), one plan file deployed to three backends at two budgets without probing again (§7.6), and
+``litlab plan`` → ``litlab fit --model.init_args.rank_plan`` end to end. The effect (§7.7) and parameter
+parity (§7.8) are claims of seeds/csplora.yaml, run by ``litlab repro csplora``."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from scipy.stats import spearmanr
+from torch import nn
+
+from litlab.lit_modules.core import rank_plan as rp
+from litlab.lit_modules.core.models import TinyViT
+from litlab.lit_modules.core.rank_plan import (
+    RankPlan,
+    allocate,
+    calibrate,
+    confidence_weights,
+    probe_saliency,
+    smooth,
+)
+
+
+# ---- §7.1 weights ---------------------------------------------------------------------------------------
+def test_confidence_weights():
+    c = torch.tensor([0.9, 0.5, 0.2, 0.7])
+    assert torch.equal(confidence_weights(c, gamma=0.0), torch.full((4,), 0.25, dtype=torch.float64))
+    w = confidence_weights(c, gamma=2.0)
+    assert math.isclose(float(w.sum()), 1.0, abs_tol=1e-12)
+    order = torch.argsort(c)  # lower confidence -> strictly larger weight
+    assert torch.all(w[order][:-1] > w[order][1:])
+    expected = torch.softmax(2.0 * (1 - c.double()), 0)
+    torch.testing.assert_close(w, expected, atol=1e-12, rtol=0)
+    flat = torch.full((5,), 0.6) + torch.tensor([0, 1e-6, 0, 0, 0])  # std(d) < 1e-4: uniform
+    assert torch.allclose(
+        confidence_weights(flat, "adaptive_std"), torch.full((5,), 0.2, dtype=torch.float64)
+    )
+    spread = torch.tensor([0.10, 0.11, 0.12, 0.13])  # std 0.011: gamma_s / std = 89 is capped at gamma_max 10
+    d = 1 - spread.double()
+    torch.testing.assert_close(
+        confidence_weights(spread, "adaptive_std"),
+        torch.softmax(10.0 * (d - d.mean()), 0),
+        atol=1e-12,
+        rtol=0,
+    )
+    assert torch.equal(confidence_weights(torch.tensor([0.3]), gamma=2.0), torch.ones(1, dtype=torch.float64))
+
+
+# ---- §7.2 saliency --------------------------------------------------------------------------------------
+def test_saliency_equals_the_hand_computation_and_changes_nothing():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 3, bias=False))
+    model[0].weight.requires_grad_(False)
+    before = model[0].weight.detach().clone()
+    batches = [(torch.randn(4, 5), torch.randn(4, 3)) for _ in range(3)]
+
+    def mse(m, batch):
+        x, y = batch
+        loss = (m(x) - y).pow(2).mean(1)
+        return loss, torch.ones_like(loss)  # uniform weights with gamma = 0 below
+
+    settings = rp.ProbeSettings(gamma=0.0, min_steps=3, max_steps=3)
+    scores, stats = probe_saliency(model, {"0": model[0]}, batches, mse, settings)
+    W = before.double()
+    by_hand = 0.0
+    for (
+        x,
+        y,
+    ) in batches:  # L = (1/B) Σ_i ||W x_i − y_i||² / d_out, ∂L/∂W = (2 / (B d_out)) Σ_i (W x_i − y_i) x_iᵀ
+        r = x.double() @ W.T - y.double()
+        grad = 2.0 / (x.shape[0] * 3) * r.T @ x.double()
+        by_hand += float((W * grad).abs().sum())
+    assert math.isclose(scores["0"], by_hand / 3, rel_tol=1e-6)
+    assert stats["steps"] == 3
+    assert torch.equal(model[0].weight, before) and model[0].weight.requires_grad is False
+    assert model[0].weight.grad is None
+
+
+# ---- §7.3 budget and §7.4 scale invariance --------------------------------------------------------------
+@pytest.mark.parametrize("r_base", [1, 2, 4, 8])
+def test_allocation_spends_the_budget_within_bounds_and_in_score_order(r_base):
+    rng = random.Random(r_base)
+    for _ in range(20):
+        s = {f"m{i}": rng.uniform(0.01, 5.0) for i in range(17)}
+        r_min = min(r_base, rng.choice([0, 1, 2]))
+        ranks = allocate(s, r_base, r_min)
+        assert sum(ranks.values()) == 17 * r_base
+        assert all(r_min <= r <= 4 * r_base for r in ranks.values())
+        order = sorted(s, key=s.get)
+        assert all(ranks[a] <= ranks[b] for a, b in zip(order, order[1:]))
+
+
+def test_the_structure_does_not_depend_on_the_budget():
+    rng = random.Random(0)
+    s = {f"m{i}": rng.uniform(0.1, 3.0) for i in range(17)}
+    lo, hi = allocate(s, 2, 1, floor=False), allocate(s, 8, 1, floor=False)
+    for a, b in [("m0", "m1"), ("m3", "m9"), ("m5", "m16")]:
+        assert math.isclose((lo[a] - 1) / (lo[b] - 1), s[a] / s[b], rel_tol=1e-9)
+        assert math.isclose((hi[a] - 1) / (hi[b] - 1), s[a] / s[b], rel_tol=1e-9)
+    names = list(s)
+    floored = [allocate(s, r, 1) for r in (4, 8)]
+    assert spearmanr([floored[0][n] for n in names], [floored[1][n] for n in names]).statistic >= 0.9
+
+
+# ---- §7.5 calibration and smoothing ---------------------------------------------------------------------
+def test_calibration_and_smoothing():
+    scores = {"a.q": 1.0, "b.q": 3.0, "a.v": 100.0, "b.v": 300.0, "c.v": 200.0}
+    families = {n: rp.family_of(n) for n in scores}
+    cal = calibrate(scores, families)
+    for fam in ("q", "v"):
+        members = [v for n, v in cal.items() if families[n] == fam]
+        assert math.isclose(sum(members) / len(members), 1.0, abs_tol=1e-9)
+    wide = {f"m{i}": 10.0 ** (i / 2) for i in range(9)}  # 4 orders of magnitude
+    sm = smooth(wide)
+    order = sorted(wide, key=wide.get)
+    assert all(sm[a] < sm[b] for a, b in zip(order, order[1:]))  # monotone
+    with_s, without = allocate(sm, 4, 1), allocate(wide, 4, 1)
+    assert max(with_s.values()) / min(with_s.values()) < max(without.values()) / min(without.values())
+
+
+# ---- §7.6 the artefact: one plan, three backends, two budgets, no second probe --------------------------
+def _janus_targets_plan(tmp_path) -> tuple[str, list[str]]:
+    vit = TinyViT(depth=2)
+    names = [n for n, m in vit.named_modules() if isinstance(m, nn.Linear) and n.endswith(("qkv", "fc1"))]
+    scores = {n: float(i + 1) ** 2 for i, n in enumerate(names)}
+    plan = RankPlan(scores=scores, families={n: rp.family_of(n) for n in names}, base_model="tinyvit-depth2")
+    return str(plan.save(tmp_path / "plan.json")), names
+
+
+def test_one_plan_file_serves_three_backends_and_two_budgets_without_probing(tmp_path, monkeypatch):
+    from litlab.lit_modules.continual.janus_lora import JanusLoRA
+    from litlab.lit_modules.peft.lokra import AdapterPlan, inject_lokra
+
+    path, names = _janus_targets_plan(tmp_path)
+
+    def no_probe(*args, **kwargs):
+        raise AssertionError("a plan file must not trigger a probe")
+
+    monkeypatch.setattr(rp, "probe_saliency", no_probe)
+    plan = RankPlan.load(path)
+    for r_base in (2, 4):
+        want = plan.ranks(r_base)
+        assert sum(want.values()) == len(names) * r_base
+        got = {}
+        for mode in ("lora", "lokra_plus"):
+            adapted = inject_lokra(
+                TinyViT(depth=2), mode, AdapterPlan(rank=r_base, targets=("qkv", "fc1"), rank_plan=path)
+            )
+            got[mode] = {n: m.branches["default"].rank for n, m in adapted.items()}
+        janus = JanusLoRA(rank=r_base, rank_plan=path)
+        got["janus"] = {n: m.branches["default"].rank for n, m in janus.inject(TinyViT(depth=2)).items()}
+        for backend, ranks in got.items():
+            assert ranks == {n: r for n, r in want.items() if r > 0}, backend
+    assert plan.ranks(2) != plan.ranks(4)
+
+
+def test_a_plan_for_other_modules_is_refused_with_their_names(tmp_path):
+    from litlab.lit_modules.peft.lokra import AdapterPlan, inject_lokra
+
+    path, _ = _janus_targets_plan(tmp_path)
+    with pytest.raises(ValueError, match=r"in the plan but not the model: \['blocks.1.attn.qkv'"):
+        inject_lokra(TinyViT(depth=1), "lora", AdapterPlan(rank=2, targets=("qkv", "fc1"), rank_plan=path))
+    body = json.loads((tmp_path / "plan.json").read_text())
+    body["scores"]["extra.fc1"] = 1.0
+    (tmp_path / "edited.json").write_text(json.dumps(body))
+    with pytest.raises(ValueError, match="does not match its hash"):
+        RankPlan.load(tmp_path / "edited.json")
+    with pytest.raises(FileNotFoundError, match="litlab plan --config"):
+        RankPlan.load(tmp_path / "missing.json")
+
+
+# ---- litlab plan -> litlab fit --model.init_args.rank_plan ----------------------------------------------
+TINY = [
+    "--config",
+    "configs/csplora/quick.yaml",
+    "--trainer.max_epochs=1",
+    "--trainer.check_val_every_n_epoch=1",
+    "--trainer.enable_progress_bar=false",
+    "--model.init_args.base.epochs=1",
+    "--model.init_args.planner.probe_batches=5",
+    "--model.init_args.head_warmup_steps=10",
+    "--data.init_args.base_per_class=20",
+    "--data.init_args.train_per_class=20",
+    "--data.init_args.test_per_class=10",
+]
+
+
+def test_plan_then_fit_with_the_plan_gives_the_ranks_of_an_in_fit_probe(tmp_path, monkeypatch, capsys):
+    from litlab.__main__ import main
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path / "cache"))
+    assert (
+        main(
+            ["plan", *TINY, "--out", str(tmp_path / "plan.json"), "--budget-per-module", "2", "--r-min", "1"]
+        )
+        == 0
+    )
+    assert "ranks at r_base = 2 (total 34)" in capsys.readouterr().out
+    runs = tmp_path / "runs"
+    common = [*TINY, f"--runs_dir={runs}", "--model.init_args.r_base=2", "--model.init_args.r_min=1"]
+    assert main(["fit", *common, "--run_id=probed"]) == 0
+    assert (
+        main(["fit", *common, "--run_id=planned", f"--model.init_args.rank_plan={tmp_path / 'plan.json'}"])
+        == 0
+    )
+    probed = json.loads((runs / "csplora" / "probed" / "ranks.json").read_text())["ranks"]
+    planned = json.loads((runs / "csplora" / "planned" / "ranks.json").read_text())["ranks"]
+    assert probed == planned and sum(planned.values()) == 34
+    assert (
+        RankPlan.load(runs / "csplora" / "probed" / "rank_plan.json").scores
+        == RankPlan.load(tmp_path / "plan.json").scores
+    )
