@@ -159,3 +159,61 @@ def test_updates_forced_into_a_rank_two_subspace():
     assert LI.erank_energy(dW) <= 2 + 1e-6
     assert all(LI.subspace_stability(Vs[i], Vs[i - 1]) == pytest.approx(1.0, abs=1e-9) for i in range(1, 8))
     assert LI.participation_ratio(torch.stack(steps)) <= 2 + 1e-9
+
+
+# ---- the module: a tiny projected fit (§7.3 in a real fit, §7.4 at step 0) and the card's statistics --------------
+def test_projected_fit_keeps_the_stiff_fraction_at_zero(tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+
+    from litlab.__main__ import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    args = ["fit", "--config", "configs/lock_in/quick.yaml", f"--runs_dir={tmp_path}", "--run_id=proj"]
+    args += [
+        "--model.init_args.base.pretrain_steps=20",
+        "--model.init_args.base.d_model=32",
+        "--model.init_args.base.block_size=32",
+        "--data.init_args.block_size=32",
+        "--data.init_args.val_windows=32",
+        "--model.init_args.curvature.k=4",
+        "--model.init_args.curvature.lanczos_iters=10",
+        "--model.init_args.curvature.n_cal_windows=32",
+        "--model.init_args.eval_every=3",
+        "--model.init_args.projection=global",
+        "--trainer.max_steps=6",
+        "--trainer.enable_progress_bar=false",
+    ]
+    assert main(args) == 0
+    out = json.loads((tmp_path / "lock_in" / "proj" / "trajectory.json").read_text())
+    traj = out["trajectory"]
+    assert traj[0]["t"] == 0 and traj[0]["drift"] == 0.0 and traj[0]["h"] == 0.0 and traj[0]["f"] == 0.0
+    assert [p["t"] for p in traj] == [0, 3, 6]
+    assert all(p["f"] < 1e-6 and p["h"] < 1e-6 * max(1.0, p["drift"] ** 2) for p in traj)
+    assert traj[-1]["drift"] > 0 and out["ritz_top"][0] >= out["ritz_top"][-1]
+
+
+def test_lock_in_statistics_on_hand_made_trajectories():
+    def run(rate, shift=0.0, proj=False):
+        pts = []
+        for t in range(6):
+            lt = 3.0 - rate * t
+            lb = 2.0 + 0.5 * (3.0 - lt) - shift * t
+            pts.append(
+                {
+                    "L_T": lt,
+                    "L_B": lb,
+                    "drift": rate * t * 10,
+                    "h": 0.0 if proj else 0.5 * (lb - 2.0),
+                    "dL_B": lb - 2.0,
+                }
+            )
+        return pts
+
+    trajs = {"lr1e-4": run(0.05), "lr3e-4": run(0.1), "lr1e-3": run(0.2), "l2sp": run(0.2, shift=0.05)}
+    trajs["projected"] = run(0.2, shift=0.06, proj=True)
+    s = LI.lock_in_statistics(trajs)
+    assert s["collapse_r2_lr_only"] == pytest.approx(1.0)  # same curve, three rates
+    assert s["collapse_r2"] < 1.0  # the L2-SP run leaves the curve
+    assert s["drift_ratio"] == pytest.approx(1.0) and s["final_witness"] == 1.0
+    assert s["harm_spearman"] > 0.7

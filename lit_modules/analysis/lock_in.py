@@ -21,16 +21,31 @@ Algorithm, as reconstructed (our numbering):
     probes of the update subspace: erank of dW (p_i = s_i²/Σ s²), stability ||V_tᵀ V_{t-τ}||²_F / k, participation
     ratio of the windowed update stream (Σμ)²/Σμ².
 
-This file holds steps 3-5 and the probes as pure functions; the module and card are not built yet (see the family
-README / issue 16).
+This file holds steps 3-5 and the probes as pure functions, and ``LockInFT`` (steps 1-4 on litlab's tiny LM: task
+= the ``math`` domain, broad = held-out docstrings). The layer-wise (K-FAC / input-covariance) basis, EWC, early
+stopping, LoRA-rank and freezing stabilisers, and the task accuracy A_T are not built yet.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
 
+import lightning as L
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from litlab.lit_modules.analysis import curvature as C
+from litlab.lit_modules.analysis.contract import check_data
+from litlab.lit_modules.analysis.diffract import TinyBase, lm_losses
+from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.errors import ConfigError
+from litlab.lit_modules.core.io import atomic_path, atomic_write_json, cache_dir
+from litlab.lit_modules.core.pretrain import cache_key, pretrained_tiny_gpt
 
 
 # ---- 3. harm signal ---------------------------------------------------------------------------------------
@@ -169,3 +184,279 @@ def participation_ratio(steps: Tensor) -> float:
     """``(Σ μ)² / Σ μ²`` of the eigenvalues ``μ`` of the Gram matrix of the step vectors ``[w, P]``."""
     mu = torch.linalg.eigvalsh(steps.double() @ steps.double().T).clamp_min(0)
     return float(mu.sum() ** 2 / mu.pow(2).sum()) if float(mu.pow(2).sum()) > 0 else 0.0
+
+
+# ---- the fine-tuning module (reconstructed protocol of the spec's CPU experiment) ---------------------------
+@config_part
+class Stabilizer:
+    """What varies between the runs of a family: ``lr``, AdamW ``weight_decay``, ``l2sp`` λ of the penalty
+    ``λ/2 ||θ - θ0||²`` (L2-SP, Li et al. 2018). Clipping is the Trainer's ``gradient_clip_val``."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    l2sp: float = 0.0
+
+
+@config_part
+class CurvatureBasisPlan:
+    """The broad-loss Hessian basis at θ0: top-``k`` Lanczos pairs from ``lanczos_iters`` steps over
+    ``n_cal_windows`` fixed broad windows (start vector from ``seed``); cached per base."""
+
+    k: int = 20
+    lanczos_iters: int = 50
+    n_cal_windows: int = 64
+    seed: int = 0
+
+
+LOCKIN_BASE = TinyBase(heads=4)
+STABILIZER = Stabilizer()
+CURVATURE = CurvatureBasisPlan()
+
+
+class LockInFT(L.LightningModule):
+    """Narrow-task fine-tuning of a pre-trained tiny LM with the lock-in probes: every ``eval_every`` steps the
+    task loss L_T and broad loss L_B on fixed windows, the drift d_t, the harm signal h_t and the stiff fraction
+    f_t against the broad-loss Hessian basis at θ0 (``lockin/*``; the whole trajectory in
+    ``<run>/trajectory.json``). ``projection="global"`` removes the stiff-basis component of every optimizer step
+    (the reconstructed "spectral bifurcation"). Data: a ``DomainEvalData`` module (task = its ``domain``, broad =
+    its ``general_domain``)."""
+
+    def __init__(
+        self,
+        base: TinyBase = LOCKIN_BASE,
+        stabilizer: Stabilizer = STABILIZER,
+        projection: Literal["none", "global"] = "none",
+        curvature: CurvatureBasisPlan = CURVATURE,
+        eval_every: int = 15,
+        backbone: str = "tiny_gpt",
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        if backbone != "tiny_gpt":
+            raise ConfigError(
+                f"LockInFT builds litlab's tiny GPT only (backbone='tiny_gpt'); {backbone!r} needs the layer-wise "
+                "K-FAC curvature basis and a narrow-task DataModule for Hugging Face models, which are not built yet"
+            )
+        if projection not in ("none", "global"):
+            raise ValueError(f"projection must be 'none' or 'global', got {projection!r}")
+        self.base_cfg, self.stab, self.curv, self.projection = base, stabilizer, curvature, projection
+        self.model = pretrained_tiny_gpt(
+            steps=base.pretrain_steps,
+            d_model=base.d_model,
+            n_layers=base.layers,
+            n_heads=base.heads,
+            block_size=base.block_size,
+            batch_size=base.batch_size,
+            lr=base.lr,
+            seed=base.seed,
+        )
+        params = dict(self.model.named_parameters())
+        self.flat = C.FlatParams.of(params)
+        self.theta0 = self.flat.flatten({k: v.detach() for k, v in params.items()}).clone()
+        self.basis: C.Eigen | None = None
+        self.trajectory: list[dict] = []
+
+    # -- curvature basis at θ0 (cached per base and plan) --
+    def curvature_basis(self) -> C.Eigen:
+        if self.basis is not None:
+            return self.basis
+        key = cache_key({"base": dataclasses.asdict(self.base_cfg), "curv": dataclasses.asdict(self.curv)})
+        path = cache_dir() / f"lockin_basis-{key}.pt"
+        if path.exists():
+            d = torch.load(path, weights_only=True)
+            self.basis = C.Eigen(d["values"], d["vectors"], d["residuals"], d["ritz_all"])
+            return self.basis
+        cal = self.trainer.datamodule.eval_set("general")
+        cal = {k: v[: self.curv.n_cal_windows] for k, v in cal.items()}
+        batches = [
+            {k: v[i : i + 32] for k, v in cal.items()} for i in range(0, cal["input_ids"].shape[0], 32)
+        ]
+        f = C.lm_loss_fn(self.model, batches, self.flat, dict(self.model.named_buffers()))
+        was, threads = self.model.training, torch.get_num_threads()
+        self.model.eval()
+        torch.set_num_threads(1)  # the cached artifact must not depend on the process's thread count
+        try:
+            eig = C.lanczos(
+                C.hessian_operator(f, self.theta0),
+                self.flat.size,
+                self.curv.k,
+                self.curv.lanczos_iters,
+                self.curv.seed,
+            )
+        finally:
+            torch.set_num_threads(threads)
+            self.model.train(was)
+        eig = C.Eigen(eig.values, eig.vectors.float(), eig.residuals, eig.ritz_all)
+        with atomic_path(path) as tmp:
+            torch.save(dataclasses.asdict(eig), tmp)
+        self.basis = eig
+        return eig
+
+    def setup(self, stage: str) -> None:
+        check_data(self.trainer.datamodule, type(self).__name__)
+
+    def on_fit_start(self) -> None:
+        self.curvature_basis()
+        if self.global_step == 0 and not self.trajectory:
+            self._record()
+
+    def _theta(self) -> Tensor:
+        return self.flat.flatten({k: v.detach().cpu() for k, v in self.model.named_parameters()})
+
+    @torch.no_grad()
+    def _record(self) -> dict:
+        dm, eig = self.trainer.datamodule, self.curvature_basis()
+        was = self.model.training
+        self.model.eval()
+        state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        lt = float(lm_losses(self.model, state, dm.eval_set("domain")).mean())
+        lb = float(lm_losses(self.model, state, dm.eval_set("general")).mean())
+        self.model.train(was)
+        delta = (self._theta() - self.theta0).double()
+        d = float(delta.norm())
+        h = harm_signal(delta, eig.values, eig.vectors.double())
+        point = {
+            "t": self.global_step,
+            "L_T": lt,
+            "L_B": lb,
+            "drift": d,
+            "h": h,
+            "f": stiff_fraction(delta, eig.vectors.double()),
+            "c": curvature_share(h, float(eig.values[0]), d),
+        }
+        if self.trajectory:
+            point["dL_B"] = lb - self.trajectory[0]["L_B"]
+        else:
+            point["dL_B"] = 0.0
+        self.trajectory.append(point)
+        return point
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        logits = self.model(batch["input_ids"])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+        self.log("train/loss_task", loss, prog_bar=True)
+        if self.stab.l2sp > 0:
+            theta = torch.cat([p.reshape(-1) for p in self.model.parameters()])
+            loss = loss + 0.5 * self.stab.l2sp * (theta - self.theta0.to(theta.device)).pow(2).sum()
+        return loss
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        if self.projection == "none":
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        prev = self._theta()
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        S = self.curvature_basis().vectors
+        step = project_out(self._theta() - prev, S)  # step ← step - S Sᵀ step, after the optimizer's own step
+        with torch.no_grad():
+            for name, t in self.flat.unflatten(prev + step).items():
+                self.model.get_parameter(name).copy_(t)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        t = self.trainer
+        last = t.max_steps is not None and 0 < t.max_steps <= self.global_step
+        if self.global_step % self.hparams.eval_every == 0 or last:
+            point = self._record()
+            for k in ("L_T", "L_B", "dL_B", "drift", "h", "f", "c"):
+                self.log(f"lockin/{k}", float(point[k]), on_step=True, on_epoch=False)
+        if last and t.is_global_zero:
+            eig = self.curvature_basis()
+            atomic_write_json(
+                Path(t.default_root_dir) / "trajectory.json",
+                {
+                    "trajectory": self.trajectory,
+                    "ritz_top": eig.values.tolist(),
+                    "residuals": eig.residuals.tolist(),
+                    "stabilizer": dataclasses.asdict(self.stab),
+                    "projection": self.projection,
+                },
+            )
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(
+            self.model.parameters(), lr=self.stab.lr, betas=(0.9, 0.95), weight_decay=self.stab.weight_decay
+        )
+
+
+# ---- the card's report hook -----------------------------------------------------------------------------------
+STANDARD_RUNS = ("lr1e-4", "lr3e-4", "lr1e-3", "l2sp")
+
+
+def _linear_r2(x: Sequence[float], y: Sequence[float]) -> float:
+    X = torch.stack([torch.ones(len(x), dtype=torch.float64), torch.as_tensor(x, dtype=torch.float64)], 1)
+    yv = torch.as_tensor(y, dtype=torch.float64)
+    coef = torch.linalg.lstsq(X, yv[:, None]).solution
+    return r2(yv.tolist(), (X @ coef)[:, 0].tolist())
+
+
+def lock_in_statistics(trajectories: dict[str, list[dict]]) -> dict[str, float]:
+    """Per seed: collapse R²_T and drift R²_d pooled over the standard runs (lr 1e-4, 3e-4, 1e-3, L2-SP) and
+    R²_T over the three lr runs alone; Spearman of final h with final ΔL_B over the standard runs; linear R² of
+    L_B on h_t pooled over their (run, t) points; drift ratio projected / plain and whether their two final points
+    are a drift-paradox witness."""
+    std = [trajectories[r] for r in STANDARD_RUNS if r in trajectories]
+    pts = [p for tr in std for p in tr]
+    lr_pts = [p for r in STANDARD_RUNS[:3] for p in trajectories.get(r, [])]
+    out = {
+        "collapse_r2": collapse_r2([p["L_T"] for p in pts], [p["L_B"] for p in pts]),
+        "collapse_r2_lr_only": collapse_r2([p["L_T"] for p in lr_pts], [p["L_B"] for p in lr_pts]),
+        "drift_r2": drift_r2([p["drift"] for p in pts], [p["L_B"] for p in pts]),
+        "harm_spearman": spearman([tr[-1]["h"] for tr in std], [tr[-1]["dL_B"] for tr in std]),
+        "harm_r2": _linear_r2([p["h"] for p in pts], [p["L_B"] for p in pts]),
+    }
+    if "lr1e-3" in trajectories and "projected" in trajectories:
+        a, b = trajectories["lr1e-3"][-1], trajectories["projected"][-1]
+        out["drift_ratio"] = b["drift"] / a["drift"]
+        out["final_witness"] = float(
+            bool(paradox_witnesses([a["drift"], b["drift"]], [a["dL_B"], b["dL_B"]]))
+        )
+    return out
+
+
+RUN_OF = {"lr1e-4": "lr1e4_LB", "lr3e-4": "lr3e4_LB", "lr1e-3": "lr1e3_LB", "l2sp": "l2sp_LB"}
+RUN_OF["projected"] = "projected_LB"
+
+
+def report(result, out_dir):
+    """``report_hook`` of seeds/lock_in.yaml: ``lock_in_statistics`` per seed (``derived.<name>_min`` and
+    ``_max`` over seeds, ``final_witness_seeds``), a per-seed table and the trajectories of the first seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from litlab.lit_modules.core.results import ReportExtras
+
+    per_seed: list[dict[str, float]] = []
+    first: dict[str, list[dict]] = {}
+    for i, _seed in enumerate(result.seeds):
+        trajs = {}
+        for label, run in RUN_OF.items():
+            if run in result.runs:
+                path = result.runs[run].runs[i].run_dir / "trajectory.json"
+                trajs[label] = json.loads(path.read_text())["trajectory"]
+        per_seed.append(lock_in_statistics(trajs))
+        first = first or trajs
+    numbers = {}
+    for key in per_seed[0]:
+        vals = [s[key] for s in per_seed]
+        numbers[f"{key}_min"], numbers[f"{key}_max"] = min(vals), max(vals)
+    numbers["final_witness_seeds"] = sum(s.get("final_witness", 0.0) for s in per_seed)
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    for label, tr in first.items():
+        ax[0].plot([p["L_T"] for p in tr], [p["L_B"] for p in tr], marker=".", label=label)
+        ax[1].plot([p["drift"] for p in tr], [p["L_B"] for p in tr], marker=".", label=label)
+    ax[0].set(
+        xlabel="task loss L_T (math)", ylabel="broad loss L_B (docstrings)", title=f"seed {result.seeds[0]}"
+    )
+    ax[1].set(xlabel="drift ||θ - θ0||", ylabel="L_B", title="drift paradox")
+    ax[0].invert_xaxis()
+    ax[0].legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(out_dir) / "lock_in_trajectories.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    keys = list(per_seed[0])
+    md = "| seed | " + " | ".join(keys) + " |\n|" + "---|" * (len(keys) + 1) + "\n"
+    for seed, s in zip(result.seeds, per_seed):
+        md += f"| {seed} | " + " | ".join(f"{s.get(k, float('nan')):.4g}" for k in keys) + " |\n"
+    return ReportExtras(figures=[path], markdown=md, numbers=numbers)
