@@ -106,7 +106,7 @@ def pretrained_token_vit(base: TokenViTBase, x: Tensor, y: Tensor, n_classes: in
 
     vit = train_and_cache("csplora_token_vit", args, base.seed, build, train, threads=1)
     vit.head = nn.Identity()
-    return vit.requires_grad_(False).eval()
+    return vit.requires_grad_(False)
 
 
 class CSPLoRAClassifier(L.LightningModule):
@@ -169,7 +169,6 @@ class CSPLoRAClassifier(L.LightningModule):
         hp = self.hparams
         alpha = hp.alpha_per_r_base * hp.r_base
         self.adapted = dict(inject_adapters(self.backbone, names, rank=self.ranks, alpha=alpha))
-        self.backbone.eval()  # no dropout in the backbone; LayerNorm stats are not running stats
         uniform = sum(hp.r_base * (m.in_features + m.out_features) for m in self._linears(names).values())
         self.n_adapter_params = sum(p.numel() for p in adapter_parameters(self.adapted))
         self.param_ratio = self.n_adapter_params / uniform
