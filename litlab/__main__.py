@@ -16,6 +16,7 @@ TOOLS = {
     "bench": "litlab.bench",  # timings: litlab bench <name> (the modules of benchmarks/)
     "plan": "litlab.plan",  # CSPLoRA: probe a config's frozen base once, write a rank plan
     "analyze": "litlab.analyze",  # training-free analyses of checkpoints: litlab analyze diffract ...
+    "export": "litlab.export",  # SALAAD: deploy a checkpoint at parameter budgets as Hugging Face models
 }
 
 
