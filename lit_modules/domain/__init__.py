@@ -8,8 +8,12 @@
 * ``binning.py``     soft / hard binning of continuous labels, histograms, windowed mode, support interval,
                      normalised entropy (pure functions).
 * ``banks.py``       the indexed feature/prediction bank with a kNN query that excludes self.
-* ``baselines.py``   the standard baselines' pieces: AdaBN, mean teacher (EMA), kNN-mean pseudo-labels.
+* ``prototypes.py``  class means of a FIFO feature memory, the prototype-contrastive loss, graph edge labels.
+* ``baselines.py``   the standard baselines' pieces: AdaBN, mean teacher (EMA), kNN-mean pseudo-labels, SHOT's
+                     information-maximisation losses.
 * ``report.py``      figures and derived numbers for the cards' report hooks.
 * methods, one file each, named like their card: ``sfda_regression.py`` (discretised-density-guided
-  source-free regression, with source-only / AdaBN / kNN-mean / mean-teacher as switches of one module).
+  source-free regression, with source-only / AdaBN / kNN-mean / mean-teacher as switches of one module) and
+  ``u3cf.py`` (multi-target adaptation: curriculum with prototype alignment, then a causal stage with a backdoor
+  adjustment; source-only / SHOT / prototype-only as switches).
 """

@@ -339,3 +339,12 @@ class SFDARegression(L.LightningModule):
         per = self.val_mae.compute()
         self.val_mae.reset()
         self.log("test/mae_sum", per.sum())
+
+
+def report(result, out_dir):
+    """``report_hook`` of seeds/sfda_regression.yaml: per-factor MAE bars and table of every method."""
+    from litlab.lit_modules.domain.report import per_target_report
+
+    runs = [n for n in result.runs if not n.endswith(("_drift", "_confident"))]
+    keys = ["val/mae_scale", "val/mae_x", "val/mae_y"]
+    return per_target_report(result, out_dir, "sfda_regression", runs, keys, "MAE per factor")

@@ -465,3 +465,12 @@ class U3CF(L.LightningModule):
             ok = ok and bool((dom[len(self.source_y) :] >= 1).all())
             self.log("curriculum/pseudo_source_ok", float(ok))
             self.log("curriculum/pseudo_source_size", float(added.sum()))
+
+
+def report(result, out_dir):
+    """``report_hook`` of seeds/u3cf.yaml: per-target accuracy bars and table of every method."""
+    from litlab.lit_modules.domain.report import per_target_report
+
+    runs = ["source_only", "shot", "prototype_only", "u3cf", "source_only_sp", "prototype_only_sp", "u3cf_sp"]
+    keys = ["val/acc_T1", "val/acc_T2", "val/acc_T3"]
+    return per_target_report(result, out_dir, "u3cf", runs, keys, "target accuracy")

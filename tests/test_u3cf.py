@@ -1,0 +1,221 @@
+"""U³CF: the spec's §7 checks (1-6 on hand-made tensors, 7 on a tiny curriculum run, 8 the effect, slow)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from litlab.datamodules.domain import MultiTargetDigitsDataModule, digits_domains
+from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.domain.prototypes import (
+    FIFOMemory,
+    class_means,
+    label2edge,
+    prototype_contrastive_loss,
+)
+from litlab.lit_modules.domain.u3cf import U3CF, CausalHead, backdoor_log_prob, mi_loss, uniform_kl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def heads(seed=0, d=8, k=6, C=5, D=4):
+    torch.manual_seed(seed)
+    return nn.Linear(d, C).double(), CausalHead(d, k, C, D).double()
+
+
+# ---- 1. backdoor identity ------------------------------------------------------------------------------------------
+def test_backdoor_identities():
+    fc, causal = heads()
+    z_c = torch.randn(7, 6, dtype=torch.float64)
+    c0 = torch.randn(1, 6, dtype=torch.float64)
+    one = backdoor_log_prob(fc, causal.dec, z_c, c0)
+    direct = F.log_softmax(fc(causal.dec(torch.cat([z_c, c0.expand(7, -1)], -1))), -1)
+    assert torch.allclose(one, direct, atol=1e-6)
+    same = backdoor_log_prob(fc, causal.dec, z_c, c0.expand(4, -1))  # every C_d equal -> the D = 1 value
+    assert torch.allclose(same, one, atol=1e-6)
+    protos = torch.randn(4, 6, dtype=torch.float64)
+    logp = backdoor_log_prob(fc, causal.dec, z_c, protos)
+    assert torch.allclose(logp.exp().sum(-1), torch.ones(7, dtype=torch.float64), atol=1e-5)
+    naive = torch.stack(
+        [F.softmax(fc(causal.dec(torch.cat([z_c, p.expand(7, -1)], -1))), -1) for p in protos]
+    ).mean(0)
+    assert torch.allclose(logp, naive.log(), atol=1e-5)
+
+
+# ---- 2. the intervention ignores the sample's own confounder -------------------------------------------------------
+def test_intervention_ignores_own_confounder():
+    fc, causal = heads()
+    h = torch.randn(9, 8, dtype=torch.float64)
+    protos = torch.randn(4, 6, dtype=torch.float64)
+    z_c, z_d, _ = causal.encode(h, None)  # eval: the means
+    before = backdoor_log_prob(fc, causal.dec, z_c, protos)
+    rec_before = causal.dec(torch.cat([z_c, z_d], -1))
+    with torch.no_grad():
+        causal.enc_d.weight.copy_(torch.randn_like(causal.enc_d.weight))  # another z_d for every sample
+    z_c2, z_d2, _ = causal.encode(h, None)
+    after = backdoor_log_prob(fc, causal.dec, z_c2, protos)
+    assert torch.allclose(before, after, atol=1e-6)
+    assert not torch.allclose(rec_before, causal.dec(torch.cat([z_c2, z_d2], -1)))
+
+
+# ---- 3. prototypes and the FIFO memory -----------------------------------------------------------------------------
+def test_class_means_match_a_loop_and_empty_classes_are_zero():
+    feat = torch.randn(30, 4, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 4, (30,))
+    labels[labels == 3] = 2  # class 3 empty
+    mu = class_means(feat, labels, 5)
+    for c in range(5):
+        rows = feat[labels == c]
+        ref = rows.mean(0) if len(rows) else torch.zeros(4, dtype=torch.float64)
+        assert torch.allclose(mu[c], ref.detach(), atol=1e-6)
+    assert torch.equal(mu[3], torch.zeros(4, dtype=torch.float64)) and not mu.requires_grad
+
+
+def test_fifo_memory_grows_then_drops_oldest_first():
+    mem = FIFOMemory(10, 2)
+    for step in range(5):
+        f = torch.full((3, 2), float(step))
+        mem.append(f, torch.full((3,), step), torch.zeros(3), limit=6)
+        assert int(mem.length) == min(6, 3 * (step + 1))
+    feat, lab, _ = mem.rows()
+    assert lab.tolist() == [3, 3, 3, 4, 4, 4]  # the two newest batches, oldest first
+    assert not mem.feat.requires_grad and not feat.requires_grad
+
+
+# ---- 4. prototype loss -------------------------------------------------------------------------------------------
+def test_prototype_loss_small_at_its_optimum_and_grads_reach_features_only():
+    protos = torch.eye(5, 8, dtype=torch.float64) * 3.0
+    pseudo = torch.tensor([0, 1, 2, 3, 4, 2])
+    h = (protos[pseudo] * 0.5).clone().requires_grad_(True)
+    mu = protos.clone().requires_grad_(True)
+    loss = prototype_contrastive_loss(h, mu, pseudo, tau=0.01)
+    assert loss.item() < 1e-3
+    h2 = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    prototype_contrastive_loss(h2, mu, pseudo, tau=1.0).backward()
+    assert h2.grad is not None and h2.grad.abs().sum() > 0
+    assert mu.grad is None  # μ is a constant
+
+
+# ---- 5. MI term ---------------------------------------------------------------------------------------------------
+def test_mi_term_zero_iff_uniform_and_log_k_over_k_for_one_hot():
+    assert mi_loss(torch.zeros(4, 3), torch.zeros(4, 10)).item() == pytest.approx(0.0, abs=1e-7)
+    assert mi_loss(torch.randn(4, 3), torch.zeros(4, 10)).item() > 1e-4
+    for K in (3, 10):
+        onehot_logits = torch.full((5, K), -1e4)
+        onehot_logits[:, 1] = 0.0
+        assert uniform_kl(onehot_logits).item() == pytest.approx(math.log(K) / K, abs=1e-5)
+
+
+# ---- 6. edge masking -----------------------------------------------------------------------------------------------
+def test_label2edge():
+    edge, mask = label2edge(torch.tensor([0, 0, 1, -1]))
+    assert edge[:3, :3].tolist() == [[1, 1, 0], [1, 1, 0], [0, 0, 1]]
+    assert mask[:3, :3].all() and not mask[3].any() and not mask[:, 3].any()
+
+
+# ---- data ----------------------------------------------------------------------------------------------------------
+def test_digits_domains_are_seeded_disjoint_and_shifted():
+    a, b = digits_domains(1), digits_domains(1)
+    assert all(torch.equal(a[k][0], b[k][0]) for k in a)
+    assert [len(a[k][0]) for k in ("source", "T1", "T2", "T3")] == [800, 330, 330, 337]
+    assert not torch.equal(digits_domains(2)["source"][0], a["source"][0])
+    assert float(a["T2"][0].mean()) > float(a["source"][0].mean()) + 0.1  # grey background
+    sp = digits_domains(1, spurious=True)
+    # the cue: background brightness follows the class in the source (80 % of images)
+    bg = sp["source"][0][:, :, 0, 0].mean(1)
+    lv = sp["source"][1] % 3
+    assert float(bg[lv == 2].mean()) > float(bg[lv == 0].mean()) + 0.1
+
+
+def test_full_scale_fails_at_once_naming_folder_and_layout(tmp_path):
+    with pytest.raises(DatasetUnavailableError, match=r"<data_root>/<domain>/<class>/<image>"):
+        MultiTargetDigitsDataModule(benchmark="office31", source="amazon", targets=["dslr", "webcam"])
+    with pytest.raises(DatasetUnavailableError, match=str(tmp_path / "amazon")):
+        MultiTargetDigitsDataModule(
+            benchmark="office31", source="amazon", targets=["dslr"], data_root=str(tmp_path)
+        )
+    from litlab.cli import LitlabCLI
+
+    with pytest.raises(DatasetUnavailableError, match="data_root"):
+        LitlabCLI(args=["fit", f"--config={ROOT / 'configs/u3cf/full.yaml'}", f"--runs_dir={tmp_path}"])
+
+
+# ---- 7. curriculum bookkeeping on a tiny run ------------------------------------------------------------------------
+def tiny(method="u3cf", **kw):
+    return U3CF(
+        method=method,
+        source_stage={"optimizer": "sgd", "lr": 0.01, "iters": 20, "batch_size": 32},
+        adapt_iters=4,
+        finetune_iters=4,
+        shot_iters=4,
+        shot_refresh=2,
+        **({"thr": 0.2} | kw),
+    )
+
+
+def run(module, tmp_path, seed=0, **dm_kw):
+    dm = MultiTargetDigitsDataModule(data_seed=seed, **dm_kw)
+    L.seed_everything(seed)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, datamodule=dm)
+    return trainer, dm
+
+
+def test_curriculum_bookkeeping(tmp_path):
+    module = tiny("u3cf")
+    trainer, dm = run(module, tmp_path)
+    assert sorted(module.order.tolist()) == [0, 1, 2]
+    assert int(module.it) == 3 * 4 + 4 and trainer.global_step == 16
+    added = module.ps_label >= 0
+    assert bool((module.ps_conf[added] > 0.2).all()) and int(added.sum()) > 0
+    assert bool((module.ps_conf[module.ps_label < 0] <= 0.2).all())  # and every sample above thr was added
+    x, y, d = module.pseudo_source_pool()
+    assert len(x) == 800 + int(added.sum())
+    for m in range(3):  # each upgraded sample carries its own target's domain index m + 1
+        n_m = int(added[module.offsets[m] : module.offsets[m + 1]].sum())
+        assert int((d == m + 1).sum()) == n_m
+    assert trainer.callback_metrics["curriculum/order_ok"].item() == 1.0
+    assert trainer.callback_metrics["curriculum/pseudo_source_ok"].item() == 1.0
+    assert not module.conf_protos.requires_grad and not module.memory.feat.requires_grad
+    assert 0.0 <= trainer.callback_metrics["val/acc_mean"].item() <= 1.0
+
+
+def test_source_only_trains_nothing_and_shot_freezes_fc(tmp_path):
+    src = tiny("source_only")
+    trainer, _ = run(src, tmp_path)
+    assert trainer.global_step == 0 and "val/acc_T1" in trainer.callback_metrics
+    shot = tiny("shot")
+    run(shot, tmp_path)
+    assert torch.equal(shot.net.fc.weight, src.net.fc.weight)  # the same cached source, fc frozen
+    assert not torch.equal(shot.net.bottleneck.weight, src.net.bottleneck.weight)
+
+
+# ---- 8. the effect (slow) ------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_effect_on_the_toy(tmp_path):
+    """spec §7.8 with the quick config's schedule, seeds 0-2, trained in tmp_path."""
+    res: dict[str, list[float]] = {}
+    for seed in (0, 1, 2):
+        for method in ("source_only", "shot", "prototype_only", "u3cf"):
+            trainer, _ = run(U3CF(method=method, source_seed=seed), tmp_path, seed)
+            res.setdefault(method, []).append(float(trainer.callback_metrics["val/acc_mean"]))
+    mean = {k: float(np.mean(v)) for k, v in res.items()}
+    assert mean["u3cf"] >= mean["source_only"] + 0.12, mean
+    assert mean["u3cf"] >= mean["shot"] + 0.05, mean
+    assert mean["u3cf"] >= mean["prototype_only"] - 0.03, mean
