@@ -45,7 +45,7 @@ from litlab.lit_modules.core.results import CardResult, ReportExtras
 def digit_expectation(digit_logits: Tensor, shift: int = 0) -> Tensor:
     """(4) ŷ_LM = Σ_k 10^{W−1−k+e} Σ_δ δ·softmax(digit_logits[..., k, :])_δ for ``[..., W, 10]`` logits."""
     W = digit_logits.shape[-2]
-    p = digit_logits.float().softmax(-1)
+    p = (digit_logits if digit_logits.dtype == torch.float64 else digit_logits.float()).softmax(-1)
     digit_mean = (p * torch.arange(10, dtype=p.dtype, device=p.device)).sum(-1)  # [..., W]
     place = 10.0 ** (torch.arange(W - 1, -1, -1, dtype=p.dtype, device=p.device) + shift)
     return (digit_mean * place).sum(-1)
