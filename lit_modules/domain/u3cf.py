@@ -53,7 +53,7 @@ from litlab.lit_modules.domain.prototypes import FIFOMemory, class_means, protot
 from litlab.lit_modules.domain.source import SourceRecipe, cached_source
 
 Method = Literal["source_only", "shot", "prototype_only", "u3cf"]
-SOURCE_RECIPE = SourceRecipe(optimizer="sgd", lr=0.01, weight_decay=5e-4, iters=300, batch_size=32)
+SOURCE_RECIPE = SourceRecipe(optimizer="sgd", lr=0.01, weight_decay=5e-4, iters=600, batch_size=32)
 
 
 # ---- the causal stage's pieces (pure functions and a small module) -----------------------------------------------
@@ -138,14 +138,14 @@ class U3CF(L.LightningModule):
         method: Method = "u3cf",
         source_stage: SourceRecipe = SOURCE_RECIPE,
         source_seed: int = 0,
-        channels: tuple[int, ...] = (16, 32, 32),
+        channels: tuple[int, ...] = (32, 64, 64),
         feat_dim: int = 64,
         latent: int = 64,
         lr: float = 0.005,
         momentum: float = 0.9,
         weight_decay: float = 5e-4,
-        adapt_iters: int = 200,
-        finetune_iters: int = 300,
+        adapt_iters: int = 400,
+        finetune_iters: int = 600,
         batch_source: int = 32,
         batch_target: int = 32,
         batch_finetune: int = 64,
@@ -158,7 +158,7 @@ class U3CF(L.LightningModule):
         lambda_res: float = 1.0,
         lambda_klg: float = 0.01,
         kl_anneal_steps: int = 300,
-        shot_iters: int = 300,
+        shot_iters: int = 600,
         shot_batch: int = 64,
         shot_beta: float = 0.3,
         shot_refresh: int = 100,
