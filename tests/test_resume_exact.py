@@ -63,6 +63,10 @@ RL_CALLBACKS = {
     "RLEvalCallback": {"every_n_iterations": 30, "n_episodes": 1, "checkpoint_every_n_iterations": 25}
 }
 SHORT = {
+    # Gap-Init / SPR-RAFT validate every 50 steps / every 30 epochs, so with the default 2 short epochs no epoch-end
+    # checkpoint would be written: validate (and checkpoint) at each epoch end instead
+    "gap_init": {"args": [*DEFAULT["args"], "--trainer.val_check_interval=4"], "mid_step": 2},
+    "spr_raft": {"args": [*DEFAULT["args"], "--trainer.check_val_every_n_epoch=1"], "mid_step": 2},
     "lokra": {
         "args": [
             "--trainer.max_steps=12",
