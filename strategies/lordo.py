@@ -29,6 +29,7 @@ The few Lightning internals it relies on, where no public hook exists, sit toget
 from __future__ import annotations
 
 import io
+import threading
 from typing import Any, Literal
 
 import torch
@@ -38,6 +39,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.nn.utils import parameters_to_vector
 
@@ -366,13 +368,40 @@ LIGHTNING_INTERNALS: dict[str, tuple[type, tuple[str, ...]]] = {
 }
 
 
+# threads known to hold no lock across a fork: `litlab repro`'s parent watcher
+FORK_SAFE_THREADS = ("litlab-parent-watcher",)
+
+
+def fork_hazard() -> str | None:
+    """Why forking the ranks from this process could hang them, or None. A process group, or threads such as
+    Lightning's child-process observer, left by an earlier distributed fit in the same process reach forked
+    ranks without their threads, and the ranks' first collective never returns (a CI run hung so, in a test
+    worker that had run a single-device fit before). A fresh ``litlab fit`` or ``litlab repro`` worker has
+    neither."""
+    if dist.is_available() and dist.is_initialized():
+        return "a process group from an earlier fit in this process"
+    others = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and t.name not in FORK_SAFE_THREADS
+    ]
+    return f"other threads are running ({', '.join(others[:4])})" if others else None
+
+
 def _choose_launcher(strategy: LoRDOStrategy, lightning_default) -> None:
-    """Under srun/torchrun launch nothing, whatever ``start_method`` says; spawn: ``_SpawnLauncher``."""
+    """Under srun/torchrun launch nothing, whatever ``start_method`` says; spawn: ``_SpawnLauncher``. ``fork``
+    falls back to ``spawn`` (the same numbers, measured; ~12 CPU-s more per fit) when forking is unsafe here."""
     env = strategy.cluster_environment
     if env is not None and env.creates_processes_externally:
         strategy._launcher = _SubprocessScriptLauncher(env, strategy.num_processes, strategy.num_nodes)
     elif strategy._start_method != "popen":
-        strategy._launcher = _SpawnLauncher(strategy, start_method=strategy._start_method)
+        start = strategy._start_method
+        if start == "fork" and (reason := fork_hazard()) is not None:
+            rank_zero_warn(
+                f"LoRDOStrategy: start_method 'fork' -> 'spawn': {reason}, and forked ranks could hang"
+            )
+            start = "spawn"
+        strategy._launcher = _SpawnLauncher(strategy, start_method=start)
     else:
         lightning_default()
 

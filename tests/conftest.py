@@ -48,3 +48,7 @@ def _no_ddp_environment_left_by_earlier_tests():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    # Nor a process group: a single-device DDP fit leaves one initialised in the test worker, and ranks forked
+    # by a later test would inherit it without its threads (a CI run hung in the lordo resume test)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -72,7 +72,9 @@ def test_uncached_hub_model_fails_fast_with_instructions(monkeypatch):
         start = time.monotonic()
         with pytest.raises(ModelUnavailableError) as caught:
             load_causal_lm("meta-llama/Llama-2-7b-hf-litlab-not-cached")
-        assert time.monotonic() - start < 15
+        assert (
+            time.monotonic() - start < 60
+        )  # 23 s seen at load 9 with HF_HUB_OFFLINE=0; a retrying hub client takes minutes
         message = str(caught.value)
         assert "meta-llama/Llama-2-7b-hf-litlab-not-cached" in message
         assert "hf download meta-llama/Llama-2-7b-hf-litlab-not-cached" in message

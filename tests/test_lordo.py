@@ -214,3 +214,56 @@ def test_report_ratios_are_taken_seed_by_seed(tmp_path):
     assert numbers["bytes_ratio_lordo_lowrank_ddp_k8"] == pytest.approx(0.32)
     assert numbers["val_loss_ratio_lordo_lowrank_ddp"] == pytest.approx(1.05)
     assert "bytes_ratio_lordo_lowrank_ddp_k32" not in numbers  # no lordo_k32 entry
+
+
+FORK_AFTER_SINGLE_DEVICE_FIT = """
+import os
+import lightning as L, torch
+from torch.utils.data import DataLoader
+from litlab.lit_modules.lowcomm.lordo import LoRDOLMModule, LowRankSetup, TinyDecoder
+from litlab.strategies.lordo import LoRDOStrategy
+
+ids = torch.randint(0, 97, (64, 17), generator=torch.Generator().manual_seed(0))
+data = [{"input_ids": r[:-1], "labels": r[1:]} for r in ids]
+
+class GroupSize(L.Callback):  # what each rank's process group says at the start of training
+    def on_train_start(self, trainer, pl_module):
+        print(f"rank {trainer.global_rank}: group of {torch.distributed.get_world_size()}", flush=True)
+
+def fit(devices, start_method):
+    net = TinyDecoder(vocab_size=97, d_model=16, n_layers=1, n_heads=2, mlp_hidden=32, block_size=16)
+    model = LoRDOLMModule(net=net, low_rank=LowRankSetup(rank=4), lr=1e-2)
+    trainer = L.Trainer(accelerator="cpu", devices=devices, max_steps=4, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=0, callbacks=[GroupSize()],
+                        strategy=LoRDOStrategy(mode="lordo", sync_every=2, start_method=start_method))
+    trainer.fit(model, DataLoader(data, batch_size=8))
+    return trainer.global_step
+
+if __name__ == "__main__":  # spawned ranks import this file again
+    fit(1, "popen")  # a single-device run: Lightning initialises a process group here and leaves it
+    assert torch.distributed.is_initialized()
+    for name in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "RANK"):
+        os.environ.pop(name, None)  # as the test suite's conftest does between tests: only the group stays
+    print("forked ranks stepped", fit(2, "fork"))
+"""
+
+
+def test_a_process_dirtied_by_an_earlier_distributed_fit_does_not_fork_its_ranks(tmp_path):
+    """After a single-device DDP-style fit, this process holds a process group and Lightning's child-process
+    observer thread; ranks forked from it hung in their first collective (a CI run hung so in the lordo resume
+    test). The strategy then spawns them instead, and they form a group of 2. A script file, not ``-c``:
+    spawned ranks import the launching script; a timeout turns a regression into a failure, not a hang."""
+    import subprocess
+    import sys
+
+    from litlab.strategies.lordo import fork_hazard
+
+    assert fork_hazard() is None or "threads" in fork_hazard()  # under xdist/pytest-timeout: their threads
+    script = tmp_path / "fork_after_fit.py"
+    script.write_text(FORK_AFTER_SINGLE_DEVICE_FIT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "forked ranks stepped 4" in out.stdout
+    assert "rank 0: group of 2" in out.stdout and "rank 1: group of 2" in out.stdout, out.stdout[-2000:]
+    assert "start_method 'fork' -> 'spawn'" in out.stderr
