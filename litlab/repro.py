@@ -112,7 +112,7 @@ def _exit_with_parent(poll_s: float = 1.0) -> None:
             time.sleep(poll_s)
         os._exit(1)
 
-    threading.Thread(target=watch, daemon=True, name="litlab-parent-watcher").start()  # fork-safe (lordo)
+    threading.Thread(target=watch, daemon=True, name="litlab-parent-watcher").start()
 
 
 def _worker_loop() -> int:

@@ -368,24 +368,18 @@ LIGHTNING_INTERNALS: dict[str, tuple[type, tuple[str, ...]]] = {
 }
 
 
-# threads known to hold no lock across a fork: `litlab repro`'s parent watcher
-FORK_SAFE_THREADS = ("litlab-parent-watcher",)
-
-
 def fork_hazard() -> str | None:
-    """Why forking the ranks from this process could hang them, or None. A process group, or threads such as
-    Lightning's child-process observer, left by an earlier distributed fit in the same process reach forked
+    """Why forking the ranks from this process could hang them, or None. A process group, or the child-process
+    observer thread of Lightning's launcher, left by an earlier distributed fit in the same process reach forked
     ranks without their threads, and the ranks' first collective never returns (a CI run hung so, in a test
-    worker that had run a single-device fit before). A fresh ``litlab fit`` or ``litlab repro`` worker has
-    neither."""
+    worker that had run a single-device fit before). A fresh ``litlab fit``, a ``litlab repro`` worker or a
+    notebook (where fork is the only start method that works) has neither."""
     if dist.is_available() and dist.is_initialized():
-        return "a process group from an earlier fit in this process"
-    others = [
-        t.name
-        for t in threading.enumerate()
-        if t is not threading.main_thread() and t.name not in FORK_SAFE_THREADS
-    ]
-    return f"other threads are running ({', '.join(others[:4])})" if others else None
+        return "a process group from an earlier fit is still initialised in this process"
+    observers = [t.name for t in threading.enumerate() if "child-process-observer" in t.name]
+    if observers:
+        return "the process launcher of an earlier fit is still watching its ranks from this process"
+    return None
 
 
 def _choose_launcher(strategy: LoRDOStrategy, lightning_default) -> None:
