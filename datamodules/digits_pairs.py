@@ -26,7 +26,7 @@ def load_digit_pairs(split_seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, t
     return f(Xtr), torch.tensor(ytr), f(Xte), torch.tensor(yte)
 
 
-class _EpochPermutation(Sampler[int]):
+class EpochPermutation(Sampler[int]):
     """A permutation drawn from ``seed + 1000·epoch``: every epoch is reproducible, so is a resumed run (Lightning
     calls ``set_epoch`` at each epoch start)."""
 
@@ -70,7 +70,7 @@ class DigitsPairDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         ds = TensorDataset(self.x_train, self.y_train)
-        sampler = _EpochPermutation(len(ds), self.hparams.seed)
+        sampler = EpochPermutation(len(ds), self.hparams.seed)
         return DataLoader(ds, batch_size=self.hparams.batch_size, sampler=sampler, collate_fn=_collate)
 
     def val_dataloader(self) -> DataLoader:

@@ -20,8 +20,9 @@ import math
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
+from litlab.datamodules.digits_pairs import EpochPermutation
 from litlab.lit_modules.core.corpus import CharTokenizer
 
 FIELDS = ("age", "sex", "bmi", "bp", "tc", "ldl", "hdl", "tch", "ltg", "glu")
@@ -63,23 +64,6 @@ def format_features(x: np.ndarray, names: tuple[str, ...] = FIELDS) -> str:
             s = f"{float(v):.1f}".removesuffix(".0")
         parts.append(f"{name} {s}")
     return " ".join(parts)
-
-
-class _EpochPermutation(Sampler[int]):
-    """A permutation drawn from ``seed + 1000·epoch`` (Lightning calls ``set_epoch``): resumable, reproducible."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed + 1000 * self.epoch)
-        yield from torch.randperm(self.n, generator=g).tolist()
 
 
 class TextRegressionDataModule(L.LightningDataModule):
@@ -173,7 +157,7 @@ class TextRegressionDataModule(L.LightningDataModule):
         return DataLoader(
             ds,
             batch_size=self.hparams.batch_size,
-            sampler=_EpochPermutation(len(ds), self.hparams.seed),
+            sampler=EpochPermutation(len(ds), self.hparams.seed),
             collate_fn=_collate,
         )
 
