@@ -560,6 +560,8 @@ class DiffractCPT(L.LightningModule):
         return last_epoch and batch_idx + 1 >= t.num_training_batches
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.trainer.fast_dev_run:  # a smoke run (one step): no analysis
+            return
         if self._last_batch(batch_idx):  # the analysis of θ0 → θ at the end of training
             self.run_analysis()
 

@@ -296,6 +296,8 @@ class LockInFT(L.LightningModule):
         check_data(self.trainer.datamodule, type(self).__name__)
 
     def on_fit_start(self) -> None:
+        if self.trainer.fast_dev_run:  # a smoke run (one step): no curvature basis, no probes
+            return
         self.curvature_basis()
         if self.global_step == 0 and not self.trajectory:
             self._record()
@@ -360,6 +362,8 @@ class LockInFT(L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         t = self.trainer
+        if t.fast_dev_run:
+            return
         last = t.max_steps is not None and 0 < t.max_steps <= self.global_step
         if self.global_step % self.hparams.eval_every == 0 or last:
             point = self._record()
