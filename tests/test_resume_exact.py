@@ -67,6 +67,15 @@ SHORT = {
     # checkpoint would be written: validate (and checkpoint) at each epoch end instead
     "gap_init": {"args": [*DEFAULT["args"], "--trainer.val_check_interval=4"], "mid_step": 2},
     "spr_raft": {"args": [*DEFAULT["args"], "--trainer.check_val_every_n_epoch=1"], "mid_step": 2},
+    "csplora": {  # validates every 4th epoch by default: an epoch-end checkpoint needs one per epoch
+        "args": [
+            *DEFAULT["args"],
+            "--trainer.check_val_every_n_epoch=1",
+            "--model.init_args.base.epochs=1",
+            "--model.init_args.planner.probe_batches=5",
+        ],
+        "mid_step": 2,
+    },
     "lokra": {
         "args": [
             "--trainer.max_steps=12",
