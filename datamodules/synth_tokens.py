@@ -81,7 +81,6 @@ class PlanningTaskData(L.LightningDataModule):
         is_train = (torch.arange(len(y)) % per) < hp.train_per_class
         self.train_x, self.train_y = x[is_train], y[is_train]
         self.test_x, self.test_y = x[~is_train], y[~is_train]
-        self.loader_generator = torch.Generator().manual_seed(20_000 + hp.seed)
         self._built = True
 
     def setup(self, stage: str) -> None:
@@ -92,11 +91,10 @@ class PlanningTaskData(L.LightningDataModule):
         return self.base_x, self.base_y
 
     def train_dataloader(self) -> DataLoader:
+        # shuffled from torch's global generator (seeded by the run's seed_everything): a checkpoint holds its
+        # state, so a run resumed at an epoch end draws the next epoch's order an uninterrupted run draws
         return DataLoader(
-            TensorDataset(self.train_x, self.train_y),
-            batch_size=self.hparams.batch_size,
-            shuffle=True,
-            generator=self.loader_generator,
+            TensorDataset(self.train_x, self.train_y), batch_size=self.hparams.batch_size, shuffle=True
         )
 
     def probe_batches(self, n_batches: int, batch_size: int, seed: int) -> list[tuple[Tensor, Tensor]]:
