@@ -90,6 +90,19 @@ class TinyBase:
     lr: float = 3e-3
     seed: int = 0
 
+    def pretrained(self):
+        """The cached pre-trained TinyGPT this recipe describes (``core.pretrain.pretrained_tiny_gpt``)."""
+        return pretrained_tiny_gpt(
+            steps=self.pretrain_steps,
+            d_model=self.d_model,
+            n_layers=self.layers,
+            n_heads=self.heads,
+            block_size=self.block_size,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            seed=self.seed,
+        )
+
 
 @config_part
 class RewindPlan:
@@ -520,16 +533,7 @@ class DiffractCPT(L.LightningModule):
         self.save_hyperparameters()
         self.base_cfg, self.plan = base, analysis
         if backbone == "tiny_gpt":
-            self.model = pretrained_tiny_gpt(
-                steps=base.pretrain_steps,
-                d_model=base.d_model,
-                n_layers=base.layers,
-                n_heads=base.heads,
-                block_size=base.block_size,
-                batch_size=base.batch_size,
-                lr=base.lr,
-                seed=base.seed,
-            )
+            self.model = base.pretrained()
         else:  # a Hugging Face id or folder (full scale); fails at once offline naming what to download
             self.model = load_causal_lm(backbone, dtype=dtype)
         self.base_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # θ0, on CPU

@@ -45,7 +45,7 @@ from litlab.lit_modules.analysis.diffract import TinyBase, lm_losses
 from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.core.errors import ConfigError
 from litlab.lit_modules.core.io import atomic_path, atomic_write_json, cache_dir
-from litlab.lit_modules.core.pretrain import cache_key, pretrained_tiny_gpt
+from litlab.lit_modules.core.pretrain import cache_key
 
 
 # ---- 3. harm signal ---------------------------------------------------------------------------------------
@@ -240,16 +240,7 @@ class LockInFT(L.LightningModule):
         if projection not in ("none", "global"):
             raise ValueError(f"projection must be 'none' or 'global', got {projection!r}")
         self.base_cfg, self.stab, self.curv, self.projection = base, stabilizer, curvature, projection
-        self.model = pretrained_tiny_gpt(
-            steps=base.pretrain_steps,
-            d_model=base.d_model,
-            n_layers=base.layers,
-            n_heads=base.heads,
-            block_size=base.block_size,
-            batch_size=base.batch_size,
-            lr=base.lr,
-            seed=base.seed,
-        )
+        self.model = base.pretrained()
         params = dict(self.model.named_parameters())
         self.flat = C.FlatParams.of(params)
         self.theta0 = self.flat.flatten({k: v.detach() for k, v in params.items()}).clone()

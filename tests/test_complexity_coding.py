@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from litlab.lit_modules.analysis import task_complexity as TC
+from litlab.lit_modules.analysis import complexity_coding as TC
 from litlab.lit_modules.core.models import TinyGPT
 
 
