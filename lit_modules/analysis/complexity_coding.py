@@ -1,10 +1,8 @@
 """Task complexity — "Operationalising the Superficial Alignment Hypothesis via Task Complexity" (Vergara-Browne,
 Patil, Titov, Reddy, Pimentel, Mosbach; ICML 2026, arXiv 2602.15829; code github.com/tvergara/sah).
+The bit-accounting maths only: the card ``task_complexity`` is not built yet, so this file is not named like one.
 
 Task complexity at target δ is the length of the shortest program reaching performance δ with the model given for
-
-This file holds the bit-accounting maths only (the card `task_complexity` is not built yet), so it is not named
-like a card.
 free: ``C(δ | θ) = min { len(p) : perf(run(p, θ)) >= δ }``, ``len(p) = 8·bytes(script) + bits(payload)`` (§3 of the
 paper as read from its code). Every executed strategy gives an upper-bound point (bits, perf); the estimate is the
 step-function Pareto frontier of those points.
