@@ -7,7 +7,9 @@ norms and head are kept and not counted in it). A checkpoint trained with SALAAD
 Parameter Allocation on its (L, S); a dense one is compressed post hoc (truncated SVD + top entries of the
 residual). Each budget goes to ``<out>/budget_<f>/`` (``config.json`` + ``model.safetensors`` for
 ``AutoModelForCausalLM.from_pretrained``, ``factored.safetensors``, ``deploy.json``); ``<out>/dense/`` is the
-checkpoint's own model. See ``litlab.lit_modules.structured.export``.
+checkpoint's own model. The table printed gives each budget's peak inference memory (PyTorch allocator bytes of
+one forward, the factored model run as factors) against the dense model's. See
+``litlab.lit_modules.structured.export`` and ``footprint``.
 """
 
 from __future__ import annotations
@@ -46,13 +48,14 @@ def main(argv: list[str]) -> int:
     records = export(args.ckpt, args.budget, args.out, posthoc_density=args.posthoc_density)
     print(
         f"| budget | deployment | block params (fraction) | total params (dense {records[0]['dense_total_params']}) "
-        "| factored bytes / dense bytes | folder |"
+        "| factored bytes / dense bytes | peak inference bytes, factored / dense | folder |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in records:
         print(
             f"| {r['budget']:g} | {r['source']} | {r['block_params']} ({r['block_fraction']:.4f}) | {r['total_params']} "
             f"| {r['factored_bytes']} / {r['dense_bytes']} = {r['factored_bytes_ratio']:.3f} "
+            f"| {r['factored_peak_bytes']} / {r['dense_peak_bytes']} = {r['peak_ratio']:.3f} "
             f"| {args.out}/budget_{r['budget']:g} |"
         )
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import lightning as L
@@ -17,7 +18,8 @@ from torch import nn
 from litlab.callbacks.exact_resume import ExactResume
 from litlab.datamodules.text import LocalTextDataModule
 from litlab.lit_modules.structured.capacity import CapacitySweep, deploy, eval_loss, swapped
-from litlab.lit_modules.structured.lm import DecoderLM, find_blocks
+from litlab.lit_modules.structured.footprint import FactoredLinear, load_factored
+from litlab.lit_modules.structured.lm import BLOCKS, DecoderLM, find_blocks
 from litlab.lit_modules.structured.salaad import SALAAD, SALAADLM, SALAADSetup
 from litlab.lit_modules.structured.sparse_lowrank import (
     ADMMConfig,
@@ -315,11 +317,37 @@ def test_export_loads_in_transformers_with_the_in_memory_loss(tmp_path, capsys):
         assert abs(eval_loss(exported, loader) - in_memory) < 1e-5
         assert sum(p.numel() for p in hf.parameters()) == record["dense_total_params"]  # stored dense (X̂)
         assert record["factored_bytes"] < record["dense_bytes"]
+        # the factored model, run as factors (never densified), gives the same loss; its memory is measured
+        exported.model = load_factored(out / f"budget_{f:g}")
+        assert not any(
+            isinstance(m, torch.nn.Linear) and re.search(BLOCKS, n) for n, m in exported.named_modules()
+        )
+        assert abs(eval_loss(exported, loader) - in_memory) < 1e-5
+        held = sum(t.untyped_storage().nbytes() for t in exported.model.state_dict().values())
+        assert record["factored_resident_bytes"] >= held  # every tensor it holds went through the allocator
+        assert (
+            record["factored_resident_bytes"] < record["dense_resident_bytes"] <= record["dense_peak_bytes"]
+        )
+        assert record["factored_resident_bytes"] <= record["factored_peak_bytes"]
+        assert record["peak_ratio"] == record["factored_peak_bytes"] / record["dense_peak_bytes"]
     # CapacitySweep logged the same deployment's loss during the fit
     assert (
         abs(float(trainer.callback_metrics["val/loss@0.25"]) - _deployed_loss(module, cb, loader, 0.25))
         < 1e-6
     )
+
+
+def test_factored_linear_equals_its_dense_weight():
+    g = torch.Generator().manual_seed(0)
+    A, B = torch.randn(6, 2, generator=g), torch.randn(2, 5, generator=g)
+    S = torch.zeros(6, 5)
+    S[1, 3], S[4, 0] = 0.7, -1.2
+    csr = S.to_sparse_csr()
+    lin = FactoredLinear(A, B, csr.crow_indices().int(), csr.col_indices().int(), csr.values(), torch.ones(6))
+    x = torch.randn(3, 4, 5, generator=g)
+    assert torch.allclose(lin(x), x @ (A @ B + S).T + 1.0, atol=1e-6)
+    with pytest.raises(ValueError, match="disagree on the rank"):
+        FactoredLinear(A, B.T, csr.crow_indices(), csr.col_indices(), csr.values())
 
 
 def _deployed_loss(module, cb, loader, f):

@@ -9,7 +9,8 @@ Parameter Allocation — or, for a checkpoint without one, the dense weights are
   whose block weights are the dense surrogates ``X̂ = U_k' diag(σ) V_k'ᵀ + S``;
 * ``factored.safetensors``: the same model stored small — every block as ``A = U_k'√σ`` (m × k'), ``B = √σ V_k'ᵀ``
   (k' × n) and S in CSR (``crow`` / ``col`` int32, ``val`` fp32), every other tensor as is;
-* ``deploy.json``: budget, ranks k' per block, counted parameters (blocks and total), the files' bytes.
+* ``deploy.json``: budget, ranks k' per block, counted parameters (blocks and total), the files' bytes, and the
+  measured resident and peak inference bytes of the factored model against the dense one (``footprint``).
 
 ``<out>/dense/`` holds the checkpoint's own dense model (the reference of the byte ratios).
 """
@@ -28,6 +29,7 @@ from torch import Tensor
 from litlab.lit_modules.core.errors import CheckpointError
 from litlab.lit_modules.core.io import atomic_write_json
 from litlab.lit_modules.structured.capacity import Deployment, deploy
+from litlab.lit_modules.structured.footprint import deployed_memory
 from litlab.lit_modules.structured.lm import BLOCKS, DecoderLM, find_blocks
 
 STATE_KEY = "SALAAD"
@@ -94,6 +96,7 @@ def export(
     out: str | Path,
     posthoc_density: float = 0.05,
     blocks_pattern: str = BLOCKS,
+    measure_memory: bool = True,
 ) -> list[dict]:
     """Write ``<out>/dense/`` and ``<out>/budget_<f>/`` for every budget; returns each budget's ``deploy.json``."""
     module, blocks = load(ckpt)
@@ -136,6 +139,8 @@ def export(
             "dense_bytes": dense_bytes,
         }
         record["factored_bytes_ratio"] = record["factored_bytes"] / dense_bytes
+        if measure_memory:
+            record.update(deployed_memory(folder, dense_dir))
         atomic_write_json(folder / "deploy.json", record)
         records.append(record)
     (out / "export.json").write_text(json.dumps(records, indent=1))

@@ -108,9 +108,13 @@ def _export_bytes(result: CardResult, out_dir: Path) -> tuple[list[str], dict[st
         for rec in export(ckpt, [0.25, 0.15], out_dir / "export" / run):
             tag = f"{run}_{rec['budget']:g}".replace(".", "")
             numbers[f"bytes_ratio_{tag}"] = rec["factored_bytes_ratio"]
+            numbers[f"resident_ratio_{tag}"] = rec["resident_ratio"]
+            numbers[f"peak_ratio_{tag}"] = rec["peak_ratio"]
             rows.append(
                 f"| {run} | {rec['budget']:g} | {rec['source']} | {rec['total_params']} / {rec['dense_total_params']} "
-                f"| {rec['factored_bytes']} / {rec['dense_bytes']} = {rec['factored_bytes_ratio']:.3f} |"
+                f"| {rec['factored_bytes']} / {rec['dense_bytes']} = {rec['factored_bytes_ratio']:.3f} "
+                f"| {rec['factored_resident_bytes']} / {rec['dense_resident_bytes']} = {rec['resident_ratio']:.3f} "
+                f"| {rec['factored_peak_bytes']} / {rec['dense_peak_bytes']} = {rec['peak_ratio']:.3f} |"
             )
     return rows, numbers
 
@@ -148,7 +152,7 @@ def report(result: CardResult, out_dir: Path) -> ReportExtras:
     try:
         byte_rows, byte_numbers = _export_bytes(result, out_dir)
     except Exception as err:  # the report still shows the curves
-        byte_rows, byte_numbers = [f"| export failed: {type(err).__name__}: {err} | | | | |"], {}
+        byte_rows, byte_numbers = [f"| export failed: {type(err).__name__}: {err} | | | | | | |"], {}
     numbers.update(byte_numbers)
     numbers = {k: v for k, v in numbers.items() if not math.isnan(v)}
     markdown = "\n".join(
@@ -157,10 +161,15 @@ def report(result: CardResult, out_dir: Path) -> ReportExtras:
             "",
             *rows,
             "",
-            "## Exported models (first seed): counted parameters and bytes of factored.safetensors vs the dense model",
+            "## Exported models (first seed): counted parameters, bytes of factored.safetensors, and measured",
+            "## inference memory of the factored model (run as factors) vs the dense model",
             "",
-            "| run | budget | deployment | parameters (deployed / dense) | bytes (factored / dense) |",
-            "|---|---|---|---|---|",
+            "Memory: PyTorch allocator bytes (profiler, `profile_memory=True`) held after loading (resident) and at",
+            "the peak of one no-grad forward of a 1 x context-length prompt (weights + activations).",
+            "",
+            "| run | budget | deployment | parameters (deployed / dense) | file bytes (factored / dense) "
+            "| resident bytes | peak inference bytes |",
+            "|---|---|---|---|---|---|---|",
             *byte_rows,
         ]
     )
