@@ -208,7 +208,12 @@ class SALAAD(L.Callback):
 @config_part
 class SALAADSetup:
     """SALAAD's settings as one typed group (``model.init_args.salaad.<field>``), the arguments of ``SALAAD``.
-    ``components="none"`` trains the plain dense model (no ADMM: the baseline). CPU defaults of spec §6."""
+    ``components="none"`` trains the plain dense model (no ADMM: the baseline). CPU defaults of spec §6.
+
+    Settings that collapse the ranks (spec §6 calibration, kept out of the defaults): ``rho=1e-2`` with
+    ``init_L="zero"``, or ``k_alpha`` 0.02-0.05, overshoot the controller threshold and drive ranks to 1-3;
+    ``rho=5e-2`` with ``k_alpha=0.01`` collapses some attention blocks. ``sweeps/salaad.yaml`` spans ρ and k_α
+    around the defaults."""
 
     components: Literal["both", "low_rank", "sparse", "none"] = "both"
     blocks: str = BLOCKS
