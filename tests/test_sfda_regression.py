@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from litlab.datamodules.domain import RegressionDomainsDataModule, render_dsprites_like
-from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.core.errors import DatasetUnavailableError, ModelUnavailableError
 from litlab.lit_modules.domain import binning
 from litlab.lit_modules.domain.banks import IndexedBank
 from litlab.lit_modules.domain.sfda_regression import SFDARegression, ddg_losses, density_targets
@@ -168,13 +168,17 @@ def test_full_scale_data_fails_at_once_naming_folder_and_layout(tmp_path):
         )
 
 
-def test_full_config_stops_at_once_offline(tmp_path):
+def test_full_config_stops_at_once_offline(tmp_path, monkeypatch):
+    """torchvision or the ResNet-18 weights file first (the model is built first), then, with the toy's
+    backbone, the data folder."""
     from litlab.cli import LitlabCLI
 
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # an empty hub cache
+    args = ["fit", f"--config={ROOT / 'configs/sfda_regression/full.yaml'}", f"--runs_dir={tmp_path}"]
+    with pytest.raises(ModelUnavailableError, match=r"torchvision|resnet18-[0-9a-f]+\.pth"):
+        LitlabCLI(args=args)
     with pytest.raises(DatasetUnavailableError, match="data_root"):
-        LitlabCLI(
-            args=["fit", f"--config={ROOT / 'configs/sfda_regression/full.yaml'}", f"--runs_dir={tmp_path}"]
-        )
+        LitlabCLI(args=[*args, "--model.init_args.backbone=small"])
 
 
 def test_image_list_layout_loads(tmp_path):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from litlab.datamodules.domain import MultiTargetDigitsDataModule, digits_domains
-from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.core.errors import DatasetUnavailableError, ModelUnavailableError
 from litlab.lit_modules.domain.prototypes import (
     FIFOMemory,
     class_means,
@@ -141,10 +141,20 @@ def test_full_scale_fails_at_once_naming_folder_and_layout(tmp_path):
         MultiTargetDigitsDataModule(
             benchmark="office31", source="amazon", targets=["dslr"], data_root=str(tmp_path)
         )
+
+
+def test_full_config_stops_at_once_offline(tmp_path, monkeypatch):
+    """The full config fails before reading anything: torchvision or the ResNet-50 weights file first (the model
+    is built first), then, with the toy's backbone, the data folder."""
     from litlab.cli import LitlabCLI
 
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # an empty hub cache
+    args = ["fit", f"--config={ROOT / 'configs/u3cf/full.yaml'}", f"--runs_dir={tmp_path}"]
+    with pytest.raises(ModelUnavailableError, match=r"torchvision|resnet50-[0-9a-f]+\.pth") as err:
+        LitlabCLI(args=args)
+    assert "nothing is downloaded" in str(err.value) or "pip install torchvision" in str(err.value)
     with pytest.raises(DatasetUnavailableError, match="data_root"):
-        LitlabCLI(args=["fit", f"--config={ROOT / 'configs/u3cf/full.yaml'}", f"--runs_dir={tmp_path}"])
+        LitlabCLI(args=[*args, "--model.init_args.backbone=small"])
 
 
 # ---- 7. curriculum bookkeeping on a tiny run ------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -42,45 +43,76 @@ class ConvFeatures(nn.Module):
         return self.head(self.convs(x))
 
 
+# ImageNet statistics: a pretrained ResNet expects its [0, 1] input normalised with them
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def resnet_weights_file(arch: str, weights: str | None) -> Path | None:
+    """The local file ``ResNetFeatures(arch, weights)`` will load, checked without building the net; raises
+    ``ModelUnavailableError`` at once when torchvision or the weights are not on this machine (nothing is
+    downloaded). ``weights``: a torchvision weights name of ``arch`` (``IMAGENET1K_V1``: looked for in the torch
+    hub cache, ``<torch hub dir>/checkpoints/<file name of its URL>``), a local state-dict file, or ``None``
+    (untrained, random init)."""
+    try:
+        import torchvision
+    except (ImportError, RuntimeError) as err:  # RuntimeError: a wheel built for another torch
+        raise ModelUnavailableError(
+            f"the backbone {arch} needs torchvision, which does not import here ({type(err).__name__}: {err}); "
+            f"install the torchvision build that matches your torch ({torch.__version__}), e.g. "
+            f"pip install torchvision --index-url https://download.pytorch.org/whl/cpu for a CPU torch"
+        ) from err
+    if arch not in torchvision.models.list_models(module=torchvision.models):
+        raise ValueError(f"unknown torchvision model {arch!r}; e.g. resnet18, resnet50, resnet101")
+    if weights is None:
+        return None
+    if Path(weights).suffix in (".pth", ".pt", ".safetensors", ".bin") or "/" in weights:
+        if not Path(weights).is_file():
+            raise ModelUnavailableError(
+                f"{arch} weights file {weights} does not exist; pass an existing state-dict file or a torchvision "
+                f"weights name such as IMAGENET1K_V1"
+            )
+        return Path(weights)
+    names = torchvision.models.get_model_weights(arch)
+    if weights not in names.__members__:
+        raise ValueError(
+            f"{arch} has no torchvision weights {weights!r}; names: {', '.join(names.__members__)}"
+        )
+    url = names[weights].url
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
+    if not cached.is_file():
+        raise ModelUnavailableError(
+            f"{arch} weights {weights!r} are not on this machine: looked for {cached}; nothing is downloaded at "
+            f"run time. Fetch them on a machine with internet access (wget {url}, or python -c "
+            f"\"import torchvision; torchvision.models.{arch}(weights='{weights}')\" which fills the torch hub "
+            f"cache) and copy the file to {cached}, or pass a local state-dict file as the weights"
+        )
+    return cached
+
+
 class ResNetFeatures(nn.Module):
-    """A torchvision ResNet without its fc (global-pool features); ImageNet weights by name, never downloaded
-    here: ``weights`` must be a local file (a state dict) or the torch hub cache must already hold it."""
+    """A torchvision ResNet without its fc (global-pool features) on [0, 1] images, normalised inside with the
+    ImageNet statistics. Weights as ``resnet_weights_file`` finds them, never downloaded."""
 
     def __init__(self, arch: str = "resnet50", weights: str | None = "IMAGENET1K_V1", feat_dim: int = 256):
         super().__init__()
-        try:
-            import torchvision
-        except ImportError as err:
-            raise ModelUnavailableError(
-                f"the full-scale backbone {arch} needs torchvision (pip install torchvision, the build that "
-                f"matches your torch); it is not installed here"
-            ) from err
+        path = resnet_weights_file(arch, weights)
+        import torchvision
 
         net = getattr(torchvision.models, arch)(weights=None)
-        if weights:
-            self._load(net, arch, weights)
+        if path is not None:
+            if path.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                state = load_file(str(path))
+            else:
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            net.load_state_dict(state)
         self.out_dim = net.fc.in_features
         net.fc = nn.Identity()
         self.net = net
-
-    @staticmethod
-    def _load(net: nn.Module, arch: str, weights: str) -> None:
-        from pathlib import Path
-
-        import torchvision
-
-        if Path(weights).is_file():
-            net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-            return
-        enum = torchvision.models.get_model_weights(arch)[weights]
-        cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(enum.url).name
-        if not cached.is_file():
-            raise ModelUnavailableError(
-                f"{arch} weights {weights!r} are not on this machine (looked for {cached}); nothing is "
-                f"downloaded at run time: fetch {enum.url} into that folder, or pass a local state-dict file "
-                f"as model.init_args.backbone_weights"
-            )
-        net.load_state_dict(torch.load(cached, map_location="cpu", weights_only=True))
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        return self.net((x - self.mean) / self.std)

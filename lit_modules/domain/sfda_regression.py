@@ -47,7 +47,7 @@ from litlab.lit_modules.domain import binning
 from litlab.lit_modules.domain.banks import IndexedBank
 from litlab.lit_modules.domain.baselines import adabn_pass, ema_update, knn_mean_target
 from litlab.lit_modules.domain.contract import SourceFreeData, check_data
-from litlab.lit_modules.domain.nets import ConvFeatures, ResNetFeatures
+from litlab.lit_modules.domain.nets import ConvFeatures, ResNetFeatures, resnet_weights_file
 from litlab.lit_modules.domain.source import SourceRecipe, cached_source
 
 SOURCE_RECIPE = SourceRecipe()
@@ -157,6 +157,8 @@ class SFDARegression(L.LightningModule):
             raise ValueError(f"unknown method {method!r}; expected one of {Method.__args__}")
         if not 0 < quantile <= 1:
             raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+        if backbone != "small":
+            resnet_weights_file(backbone, backbone_weights)  # fail at once, before any data is read
         self.method = method
         self.source_stage = (
             source_stage if isinstance(source_stage, SourceRecipe) else SourceRecipe(**source_stage)
@@ -341,10 +343,41 @@ class SFDARegression(L.LightningModule):
         self.log("test/mae_sum", per.sum())
 
 
+@torch.no_grad()
+def run_features(run_dir) -> tuple[Tensor, Tensor, list[str], None, None]:
+    """Features z = g(x) (eval mode) of the source images and the target's unlabelled training images of an
+    SFDA-regression run, from its checkpoint (domain 0 the source, 1 the target); the DataModule is rebuilt
+    from the checkpoint."""
+    from litlab.datamodules.domain import RegressionDomainsDataModule
+    from litlab.lit_modules.domain.report import datamodule_from_checkpoint, run_checkpoint, sub_state
+
+    ckpt = run_checkpoint(run_dir)
+    dm = datamodule_from_checkpoint(ckpt, RegressionDomainsDataModule)
+    hp = ckpt["hyper_parameters"]
+    net = RegressorNet(dm.num_outputs, hp["num_bins"], hp["backbone"], None, hp["feat_dim"])
+    net.load_state_dict(sub_state(ckpt["state_dict"], "net."))
+    net.eval()
+    xs = [dm.source_dataset.tensors[0], dm.target_train_dataset.x]
+    feats = [torch.cat([net.g(c) for c in x.split(512)]) for x in xs]
+    dom = torch.cat([torch.full((len(x),), i) for i, x in enumerate(xs)])
+    return torch.cat(feats), dom, [f"source {dm.source_domain}", f"target {dm.target}"], None, None
+
+
 def report(result, out_dir):
-    """``report_hook`` of seeds/sfda_regression.yaml: per-factor MAE bars and table of every method."""
-    from litlab.lit_modules.domain.report import per_target_report
+    """``report_hook`` of seeds/sfda_regression.yaml: per-factor MAE bars and table of every method, and the
+    PCA of source and target features on C->N of the source model, AdaBN, kNN-mean and the method (the card's
+    first seed)."""
+    from litlab.lit_modules.domain.report import feature_report, merge_extras, per_target_report
 
     runs = [n for n in result.runs if not n.endswith(("_drift", "_confident"))]
     keys = ["val/mae_scale", "val/mae_x", "val/mae_y"]
-    return per_target_report(result, out_dir, "sfda_regression", runs, keys, "MAE per factor")
+    panels = {
+        "before: source-only (C->N)": "src_only_cn",
+        "after: AdaBN": "adabn_cn",
+        "after: kNN-mean": "knn_cn",
+        "after: the method (ddg)": "ddg_cn",
+    }
+    return merge_extras(
+        per_target_report(result, out_dir, "sfda_regression", runs, keys, "MAE per factor"),
+        feature_report(result, out_dir, "sfda_regression", panels, run_features),
+    )

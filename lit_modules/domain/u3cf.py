@@ -31,6 +31,10 @@ Baselines in the same module: ``source_only`` (stage 1 only) and ``shot`` (Liang
 the blended targets: frozen fc, entropy − diversity + β·CE to weighted-centroid pseudo-labels refreshed every
 ``shot_refresh`` iterations).
 
+Backbone F: the toy's small conv net (``backbone="small"``), or at full scale a torchvision ResNet by name
+(``backbone="resnet50"`` / ``"resnet101"``, ``backbone_weights="IMAGENET1K_V1"`` or a local state-dict file),
+checked when the module is built: without torchvision or the weights file it fails at once naming them.
+
 Not implemented: D-CGCT's GNN head (edge and node nets); the edge-label helper ``prototypes.label2edge`` is
 there, the toy runs with ``use_gnn=false`` as the spec's prototype did.
 """
@@ -48,7 +52,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from litlab.lit_modules.domain.baselines import shot_losses
 from litlab.lit_modules.domain.contract import DomainData, check_data
-from litlab.lit_modules.domain.nets import ConvFeatures
+from litlab.lit_modules.domain.nets import ConvFeatures, ResNetFeatures, resnet_weights_file
 from litlab.lit_modules.domain.prototypes import FIFOMemory, class_means, prototype_contrastive_loss
 from litlab.lit_modules.domain.source import SourceRecipe, cached_source
 
@@ -107,11 +111,23 @@ class CausalHead(nn.Module):
 
 
 class Classifier(nn.Module):
-    """F = conv blocks -> pool -> bottleneck Linear (Xavier-normal, zero bias); fc: Linear(d, C)."""
+    """F = conv blocks -> pool (``backbone="small"``, the toy) or a torchvision ResNet's global-pool features
+    (``backbone="resnet50"`` ..., ``weights`` as ``nets.resnet_weights_file`` finds them) -> bottleneck Linear
+    (Xavier-normal, zero bias); fc: Linear(d, C)."""
 
-    def __init__(self, channels: tuple[int, ...], feat_dim: int, num_classes: int):
+    def __init__(
+        self,
+        channels: tuple[int, ...],
+        feat_dim: int,
+        num_classes: int,
+        backbone: str = "small",
+        weights: str | None = None,
+    ):
         super().__init__()
-        self.convs = ConvFeatures(3, channels, (1, 2, 2), 16, pool=2)
+        if backbone == "small":
+            self.convs = ConvFeatures(3, channels, (1, 2, 2), 16, pool=2)
+        else:
+            self.convs = ResNetFeatures(backbone, weights)
         self.bottleneck = nn.Linear(self.convs.out_dim, feat_dim)
         nn.init.xavier_normal_(self.bottleneck.weight)
         nn.init.zeros_(self.bottleneck.bias)
@@ -122,6 +138,17 @@ class Classifier(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.features(x))
+
+
+def build_classifier(hparams, num_classes: int) -> Classifier:
+    """The network of a U3CF module with these hyper-parameters (its ``hparams``, or a checkpoint's)."""
+    return Classifier(
+        tuple(hparams["channels"]),
+        hparams["feat_dim"],
+        num_classes,
+        hparams.get("backbone", "small"),
+        hparams.get("backbone_weights"),
+    )
 
 
 class U3CF(L.LightningModule):
@@ -163,6 +190,8 @@ class U3CF(L.LightningModule):
         shot_beta: float = 0.3,
         shot_refresh: int = 100,
         use_gnn: bool = False,
+        backbone: str = "small",
+        backbone_weights: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -172,6 +201,8 @@ class U3CF(L.LightningModule):
             raise ValueError(
                 "use_gnn=true: D-CGCT's GNN head is not implemented in litlab yet; use use_gnn=false"
             )
+        if backbone != "small":
+            resnet_weights_file(backbone, backbone_weights)  # fail at once, before any data is read
         self.automatic_optimization = False
         self.method = method
         self.source_stage = (
@@ -189,9 +220,11 @@ class U3CF(L.LightningModule):
         C, M = dm.num_outputs, len(dm.target_domains)
         self.num_targets, self.num_classes = M, C
         key = {"kind": "u3cf_classifier", "channels": list(h.channels), "feat_dim": h.feat_dim, "C": C}
+        if h.backbone != "small":  # the toy's key (and so its cached source checkpoints) stays as it was
+            key |= {"backbone": h.backbone, "weights": h.backbone_weights}
 
         def build():
-            return Classifier(tuple(h.channels), h.feat_dim, C)
+            return build_classifier(h, C)
 
         def loss(net, x, y):
             return F.cross_entropy(net(x), y)
@@ -467,10 +500,42 @@ class U3CF(L.LightningModule):
             self.log("curriculum/pseudo_source_size", float(added.sum()))
 
 
+@torch.no_grad()
+def run_features(run_dir) -> tuple[Tensor, Tensor, list[str], Tensor, list[str]]:
+    """Bottleneck features h = F(x) (eval mode) of every source and target image of a U3CF run, from its
+    checkpoint; domain index 0 is the source, m the m-th target; with the true classes (read for the figure
+    only) and the class names. The DataModule is rebuilt from the checkpoint."""
+    from litlab.datamodules.domain import MultiTargetDigitsDataModule
+    from litlab.lit_modules.domain.report import datamodule_from_checkpoint, run_checkpoint, sub_state
+
+    ckpt = run_checkpoint(run_dir)
+    dm = datamodule_from_checkpoint(ckpt, MultiTargetDigitsDataModule)
+    hp = dict(ckpt["hyper_parameters"])
+    hp["backbone_weights"] = None  # the checkpoint holds the weights
+    net = build_classifier(hp, dm.num_outputs)
+    net.load_state_dict(sub_state(ckpt["state_dict"], "net."))
+    net.eval()
+    xs = [dm.source_x, *dm.target_x]
+    feats = [torch.cat([net.features(c) for c in x.split(512)]) for x in xs]
+    dom = torch.cat([torch.full((len(x),), i) for i, x in enumerate(xs)])
+    labels = torch.cat([dm.source_y, *dm._target_y])  # the true classes, for the figure only
+    classes = list(getattr(dm, "classes", None) or range(dm.num_outputs))
+    return torch.cat(feats), dom, ["source", *dm.target_domains], labels, [str(c) for c in classes]
+
+
 def report(result, out_dir):
-    """``report_hook`` of seeds/u3cf.yaml: per-target accuracy bars and table of every method."""
-    from litlab.lit_modules.domain.report import per_target_report
+    """``report_hook`` of seeds/u3cf.yaml: per-target accuracy bars and table of every method, and the PCA of
+    source and target features of the source-only model, prototype-only and U³CF (the card's first seed)."""
+    from litlab.lit_modules.domain.report import feature_report, merge_extras, per_target_report
 
     runs = ["source_only", "shot", "prototype_only", "u3cf", "source_only_sp", "prototype_only_sp", "u3cf_sp"]
     keys = ["val/acc_T1", "val/acc_T2", "val/acc_T3"]
-    return per_target_report(result, out_dir, "u3cf", runs, keys, "target accuracy")
+    panels = {
+        "before: source-only": "source_only",
+        "after: prototype-only": "prototype_only",
+        "after: U³CF": "u3cf",
+    }
+    return merge_extras(
+        per_target_report(result, out_dir, "u3cf", runs, keys, "target accuracy"),
+        feature_report(result, out_dir, "u3cf", panels, run_features),
+    )

@@ -1,0 +1,141 @@
+"""The domain family's report pieces: the PCA feature figure on fake features, the hook's bookkeeping, and a
+U³CF run's features read back from its checkpoint (a tiny run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult, SeedRun
+from litlab.lit_modules.domain.report import (
+    feature_pca_figure,
+    feature_report,
+    merge_extras,
+    pca_2d,
+    run_checkpoint,
+)
+
+
+def test_pca_2d_finds_the_long_axes():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 5)) * np.array([10.0, 3.0, 0.1, 0.1, 0.1])
+    xy, ratio = pca_2d(x)
+    assert xy.shape == (200, 2)
+    assert ratio[0] > 0.85 and ratio[1] > 0.05 and sum(ratio) <= 1.0 + 1e-12
+    # the projection is the centred data on the first two axes (up to sign)
+    assert np.allclose(np.abs(xy[:, 0]), np.abs(x[:, 0] - x[:, 0].mean()), atol=0.5)
+
+
+def test_feature_pca_figure_writes_one_panel_per_model(tmp_path):
+    rng = np.random.default_rng(1)
+    panels = {
+        "before": (rng.normal(size=(30, 8)), np.repeat([0, 1, 2], 10), rng.integers(0, 3, 30)),
+        "after": (rng.normal(size=(30, 8)), np.repeat([0, 1, 2], 10), rng.integers(0, 3, 30)),
+    }
+    path = tmp_path / "f.png"
+    ratios = feature_pca_figure(panels, ["source", "T1", "T2"], path, "fake", ["a", "b", "c"])
+    assert path.stat().st_size > 1000 and set(ratios) == {"before", "after"}
+    no_classes = {k: (f, d, None) for k, (f, d, _) in panels.items()}
+    feature_pca_figure(no_classes, ["source", "T1", "T2"], tmp_path / "g.png")
+    assert (tmp_path / "g.png").is_file()
+
+
+def _result(tmp_path, runs):
+    rr = {
+        name: RunResult(
+            name,
+            "m",
+            [0, 1],
+            [0.0, 0.0],
+            0.0,
+            0.0,
+            [SeedRun(s, 0.0, tmp_path / f"{name}{s}") for s in (0, 1)],
+        )
+        for name in runs
+    }
+    return CardResult("toy", "t", "c", "quick", [0, 1], "m", "max", rr, "d", 1.0)
+
+
+def test_feature_report_reads_the_first_seed_and_names_what_is_missing(tmp_path):
+    seen = []
+
+    def features(run_dir):
+        seen.append(Path(run_dir).name)
+        if Path(run_dir).name.startswith("broken"):
+            raise FileNotFoundError(f"{run_dir}/checkpoints/last.ckpt does not exist")
+        dom = np.repeat([0, 1], 500)
+        return np.random.default_rng(0).normal(size=(1000, 4)), dom, ["src", "tgt"], None, None
+
+    result = _result(tmp_path, ["before", "after", "broken"])
+    extras = feature_report(
+        result, tmp_path, "toy", {"B": "before", "A": "after", "X": "broken", "Y": "absent"}, features, 300
+    )
+    assert seen == ["before0", "after0", "broken0"]  # the card's first seed only
+    assert extras.figures == [tmp_path / "toy_features_pca.png"] and extras.figures[0].is_file()
+    assert "broken (" in extras.markdown and "absent (not measured)" in extras.markdown
+    assert "| B | before |" in extras.markdown and "at most 300 images per domain" in extras.markdown
+    nothing = feature_report(_result(tmp_path, []), tmp_path, "toy", {"B": "before"}, features)
+    assert nothing.figures == [] and "No checkpoint" in nothing.markdown
+    both = merge_extras(ReportExtras(markdown="a", numbers={"x": 1.0}), extras)
+    assert both.figures == extras.figures and both.numbers == {"x": 1.0} and both.markdown.startswith("a\n")
+
+
+def test_u3cf_features_from_a_run_checkpoint(tmp_path):
+    from litlab.datamodules.domain import MultiTargetDigitsDataModule
+    from litlab.lit_modules.domain.u3cf import U3CF, run_features
+
+    with pytest.raises(FileNotFoundError, match="last.ckpt"):
+        run_checkpoint(tmp_path)
+    module = U3CF(
+        method="source_only", source_stage={"optimizer": "sgd", "lr": 0.01, "iters": 5, "batch_size": 32}
+    )
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, datamodule=MultiTargetDigitsDataModule(data_seed=3))
+    feat, dom, names, labels, classes = run_features(tmp_path)
+    assert names == ["source", "T1", "T2", "T3"] and len(classes) == 10
+    assert feat.shape == (1797, 64) and torch.bincount(dom).tolist() == [800, 330, 330, 337]
+    module.net.eval()
+    with torch.no_grad():
+        assert torch.allclose(feat[:800], module.net.features(module.source_x), atol=1e-6)
+    dm = MultiTargetDigitsDataModule(data_seed=3)
+    dm.setup()
+    assert torch.equal(labels[:800], dm.source_y)
+
+
+def test_sfda_features_from_a_run_checkpoint(tmp_path):
+    from litlab.datamodules.domain import RegressionDomainsDataModule
+    from litlab.lit_modules.domain.sfda_regression import SFDARegression, run_features
+
+    module = SFDARegression(method="adabn", source_stage={"epochs": 1, "batch_size": 64}, k=5)
+    dm = RegressionDomainsDataModule(n_per_domain=120, n_target_train=80, data_seed=2, batch_size=40)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        callbacks=[ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, datamodule=dm)
+    feat, dom, names, labels, classes = run_features(tmp_path)
+    assert names == ["source C", "target N"] and labels is None and classes is None
+    assert feat.shape == (200, 128) and torch.bincount(dom).tolist() == [120, 80]
+    module.net.eval()
+    with torch.no_grad():  # AdaBN's target statistics came back with the checkpoint
+        assert torch.allclose(feat[120:], module.net.g(dm.target_train_dataset.x), atol=1e-5)
