@@ -2,6 +2,7 @@
 ``litlab.lit_modules.analysis``). Each writes a report folder (``report.md``, ``results.json``, figures).
 
     litlab analyze diffract --base <src> --tuned <src> [--tuned <src> ...] [--domain code] [--out DIR]
+    litlab analyze complexity --checkpoints pre=<src> post=<src> random=<src> [--task words] [--out DIR]
 
 A source is a Lightning checkpoint (``.ckpt``; adapters merged; ``<ckpt>#base`` is the module as its constructor
 builds it, before training: the frozen base of an adapter run, θ0 of a litlab CPT run), a run folder (its
@@ -9,6 +10,9 @@ builds it, before training: the frozen base of an adapter run, θ0 of a litlab C
 interpolation between the first two (and between the base and the first). Losses (swap test, head rewinding,
 interpolation) are evaluated on the local domain corpora (``litlab.datamodules.domain_corpus``) for models with
 litlab's character vocabulary; other models get the spectral table and head heatmaps (``--domain none``).
+``complexity`` measures each checkpoint's rate–accuracy frontier (baseline, ICL k, online coding n, LoRA and its
+quantised payloads; ``lit_modules.analysis.task_complexity``) on a local sums task and reads C(δ) off it; the
+names ``pre``/``post``/``random`` also give the reductions R.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from pathlib import Path
 import torch
 
 from litlab.datamodules.domain_corpus import DOMAINS
+from litlab.datamodules.sums_task import TASKS, SumsTaskDataModule
 from litlab.lit_modules.analysis import checkpoints
 from litlab.lit_modules.analysis import diffract as D
+from litlab.lit_modules.analysis import task_complexity as TCX
 from litlab.lit_modules.analysis.contract import domain_eval_set
 from litlab.lit_modules.core.corpus import CharTokenizer
 from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
@@ -52,6 +58,21 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--block-size", type=int, default=64)
     d.add_argument("--alphas", type=int, default=11, help="points of the interpolation grid [0, 1]")
     d.add_argument("--out", default="runs/analyze/diffract", help="report folder")
+    c = sub.add_parser("complexity", help="rate–accuracy frontiers and C(target) of checkpoints on a task")
+    c.add_argument(
+        "--checkpoints", nargs="+", required=True, metavar="NAME=SRC", help="pre=… post=… random=…"
+    )
+    c.add_argument("--task", default="words", choices=sorted(TASKS))
+    c.add_argument("--seed", type=int, default=0, help="order of the task's examples; epoch order, LoRA init")
+    c.add_argument("--deltas", type=float, nargs="+", default=[0.25, 0.40], help="targets δ of C(δ)")
+    c.add_argument("--icl-k", type=int, nargs="*", default=list(TCX.PLAN.icl_k))
+    c.add_argument("--online-n", type=int, nargs="*", default=list(TCX.PLAN.online_n))
+    c.add_argument(
+        "--steps", type=int, default=TCX.PLAN.steps, help="fine-tuning steps (online coding, LoRA)"
+    )
+    c.add_argument("--lora-bits", type=int, nargs="*", default=list(TCX.PLAN.lora_bits))
+    c.add_argument("--lora-examples", type=int, default=TCX.PLAN.lora_examples, help="0: no LoRA points")
+    c.add_argument("--out", default="runs/analyze/complexity", help="report folder")
     return p
 
 
@@ -140,10 +161,70 @@ def _plot_interpolation(inter: dict, path: Path) -> None:
     plt.close(fig)
 
 
+STATE_NAMES = {"pre": "pretrained", "post": "posttrained", "rand": "random"}
+
+
+def complexity(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pairs = [c.partition("=") for c in args.checkpoints]
+    if any(not name or not src for name, _, src in pairs):
+        raise ValueError(f"--checkpoints takes NAME=SOURCE items, got {args.checkpoints}")
+    plan = TCX.StrategyPlan(
+        icl_k=tuple(args.icl_k),
+        online_n=tuple(args.online_n),
+        steps=args.steps,
+        lora_bits=tuple(args.lora_bits),
+        lora_examples=args.lora_examples,
+        seed=args.seed,
+    )
+    dm = SumsTaskDataModule(args.task, args.seed)
+    frontiers, summaries = {}, {}
+    lines = [f"# litlab analyze complexity\n\ntask: `{args.task}` (seed {args.seed}); payload bits\n"]
+    for name, _, src in pairs:
+        loaded = checkpoints.load(src)
+        if not _char_vocab(loaded.model):
+            raise ValueError(f"{src}: the local sums tasks need litlab's character vocabulary (a TinyGPT)")
+        rows = TCX.measure_frontier(loaded.model, dm.examples(), dm.eval_pairs(), plan)
+        frontiers[name], summaries[name] = rows, TCX.summarize(rows, args.deltas)
+        lines.append(
+            f"\n## {name}: `{src}`\n\n| strategy | knob | payload bits | script bits | perf |\n|---|---|---|---|---|\n"
+        )
+        lines += [
+            f"| {r['strategy']} | {r['knob']} | {r['bits_payload']} | {r['bits_script']} | {r['perf']:.3f} |\n"
+            for r in rows
+        ]
+        lines += ["\n"] + [f"- {k}: {_fmt(float(v))}\n" for k, v in summaries[name].items()]
+    named = {STATE_NAMES.get(k, k): v for k, v in frontiers.items()}
+    red = TCX.reductions(named)
+    if red:
+        lines.append("\n## reductions R = C_lo(δ*) / C_hi(δ*), δ* = best perf of the lower checkpoint\n\n")
+        lines += [f"- {k}: {_fmt(float(v))}\n" for k, v in red.items()]
+    TCX.write_frontier_figure(frontiers, out / "frontier.png", args.task)
+    lines.append("\nfigure: `frontier.png`\n")
+    atomic_write_json(
+        out / "results.json",
+        {
+            "task": args.task,
+            "seed": args.seed,
+            "checkpoints": {n: s for n, _, s in pairs},
+            "frontiers": frontiers,
+            "summaries": summaries,
+            "reductions": red,
+        },
+    )
+    atomic_write_text(out / "report.md", "".join(lines))
+    print("".join(lines))
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.kind == "diffract":
         return diffract(args)
+    if args.kind == "complexity":
+        return complexity(args)
     print(f"litlab analyze: unknown kind {args.kind}", file=sys.stderr)
     return 2
 

@@ -28,6 +28,7 @@ SHORT_BASE = {
     "lock_in": ["--model.init_args.base.pretrain_steps=50"],
     "lokra": ["--model.init_args.base.pretrain_steps=50"],
     "csplora": ["--model.init_args.base.epochs=1"],
+    "task_complexity": ["--model.init_args.base.pretrain_steps=50"],
 }
 
 

@@ -1,5 +1,5 @@
 """Task complexity (analysis family): the bit accounting against closed forms (spec checks §7.1-7.4, §7.6; the
-strategies, module and card are not built yet)."""
+strategies and module: test_task_complexity)."""
 
 from __future__ import annotations
 

@@ -11,4 +11,7 @@ to any ``litlab fit``:
   file, a Hugging Face folder or id;
 * ``contract.py``  what a family module reads from its DataModule;
 * ``diffract.py``  Diffract (where continued pre-training puts its update), its CPT module and analysis.
+* ``complexity_coding.py`` the bit accounting of task complexity (arithmetic / KT / prequential codes, frontier);
+* ``task_complexity.py`` task complexity (bits to reach a target): the strategies, their rate–accuracy frontiers
+  per checkpoint state and the ``TaskComplexity`` module.
 """

@@ -1,13 +1,13 @@
 """Task complexity — "Operationalising the Superficial Alignment Hypothesis via Task Complexity" (Vergara-Browne,
 Patil, Titov, Reddy, Pimentel, Mosbach; ICML 2026, arXiv 2602.15829; code github.com/tvergara/sah).
-The bit-accounting maths only: the card ``task_complexity`` is not built yet, so this file is not named like one.
+The bit-accounting maths only; the strategies, module and card are ``task_complexity.py``.
 
 Task complexity at target δ is the length of the shortest program reaching performance δ with the model given for
 free: ``C(δ | θ) = min { len(p) : perf(run(p, θ)) >= δ }``, ``len(p) = 8·bytes(script) + bits(payload)`` (§3 of the
 paper as read from its code). Every executed strategy gives an upper-bound point (bits, perf); the estimate is the
 step-function Pareto frontier of those points.
 
-This file holds the bit accounting as pure functions (the module, strategies and card are not built yet):
+This file holds the bit accounting as pure functions:
     prompt / ICL payload     ceil(Σ_{j>=2} -log2 p_θ(x_j | x_<j))      (first token free; exact arithmetic coder for
                              tests: ``arithmetic_encode`` / ``arithmetic_decode``)
     LoRA payload             16 · #trainable (bf16)

@@ -3,6 +3,10 @@
 ``DomainEvalData``: the CPT domain's name and fixed evaluation windows of the domain and of the general
 (pre-training-like) distribution, as one ``{"input_ids", "labels"}`` batch each, for training-free evaluations
 (head rewinding, swaps, interpolation). ``litlab.datamodules.domain_corpus.DomainCorpusDataModule`` provides it.
+
+``TaskData``: a task's examples in their transmission order and its evaluation pairs, ``(question, answer line)``
+strings in the character vocabulary, for task complexity. ``litlab.datamodules.sums_task.SumsTaskDataModule``
+provides it.
 """
 
 from __future__ import annotations
@@ -12,9 +16,28 @@ from typing import Literal, Protocol, runtime_checkable
 from torch import Tensor
 
 from litlab.datamodules.domain_corpus import DOMAINS, DomainCorpusDataModule, domain_ids, fixed_windows
+from litlab.datamodules.sums_task import (
+    TASKS,
+    SumsTaskDataModule,
+    posttraining_text,
+    pretraining_text,
+    task_pairs,
+)
 from litlab.lit_modules.core.contracts import check_protocol
 
-__all__ = ["DOMAINS", "DomainCorpusDataModule", "DomainEvalData", "check_data", "domain_eval_set"]
+__all__ = [
+    "DOMAINS",
+    "TASKS",
+    "DomainCorpusDataModule",
+    "DomainEvalData",
+    "SumsTaskDataModule",
+    "TaskData",
+    "check_data",
+    "domain_eval_set",
+    "posttraining_text",
+    "pretraining_text",
+    "task_pairs",
+]
 
 
 @runtime_checkable
@@ -25,8 +48,17 @@ class DomainEvalData(Protocol):
     def eval_set(self, which: Literal["domain", "general"]) -> dict[str, Tensor]: ...
 
 
-def check_data(dm: object, user: str) -> None:
-    check_protocol(dm, DomainEvalData, user)
+@runtime_checkable
+class TaskData(Protocol):
+    task: str
+
+    def examples(self) -> list[tuple[str, str]]: ...
+
+    def eval_pairs(self) -> list[tuple[str, str]]: ...
+
+
+def check_data(dm: object, user: str, protocol: type = DomainEvalData) -> None:
+    check_protocol(dm, protocol, user)
 
 
 def domain_eval_set(domain: str, block_size: int = 64, n: int = 64) -> dict[str, Tensor]:

@@ -1,0 +1,559 @@
+"""Task complexity — "Operationalising the Superficial Alignment Hypothesis via Task Complexity" (Vergara-Browne,
+Patil, Titov, Reddy, Pimentel, Mosbach; ICML 2026, arXiv 2602.15829; code github.com/tvergara/sah).
+
+Task complexity at target δ is the length of the shortest program that reaches performance δ when the model θ is
+given for free, ``C(δ | θ) = min { len(p) : perf(run(p, θ)) >= δ }``. Each program-finding strategy gives upper-bound
+points (bits, perf); their step-function Pareto frontier estimates the curve (§3 of the paper as read from its
+code; the bit accounting is in ``complexity_coding.py``). The superficial alignment hypothesis becomes
+``C(δ | θ_post) << C(δ | θ_pre) << C(δ | θ_rand)``.
+
+Strategies measured here (the paper's §3.2 list, as far as the toy supports it):
+    baseline          the bare question; payload 0
+    icl k             the first k task examples as a prompt; payload = its arithmetic-code length under θ
+    online n          transmit the first n examples with a prequential code while fine-tuning on them (all
+                      weights, ``steps`` AdamW steps, batch ``batch_size``); payload = Σ_batches ceil(Σ -log2 p) of
+                      each epoch-1 batch scored under the weights before its own update; epochs >= 2 add nothing
+    lora              LoRA (the shared ``core.adapters`` layer) of rank r on every block linear, trained on the
+                      first ``lora_examples`` examples; payload 16 · #trainable (bf16)
+    lora_q b          the same factors quantised uniformly to b bits per tensor and coded by an adaptive
+                      Krichevsky–Trofimov code (our extension); evaluated with the dequantised weights
+Not built: the URIAL prompt, Bayesian-Bits LoRA (its bit-width rule is in ``complexity_coding``), lm_head / full FT
+payloads, the combined strategy.
+
+Platform choices (the CPU recipe, our reconstruction): a TinyGPT (d 64, 2 blocks, 4 heads, context 64, litlab's
+character vocabulary) pre-trained on ``a+b=<answer>`` lines (words style in 25 %) = θ_pre; θ_pre post-trained on
+words-style lines for a in 0..4 = θ_post; θ_rand = the initialisation θ_pre started from. Task: answer in words for
+a in 5..9 (``datamodules.sums_task``). Payload bits are compared (the script term is the same for every checkpoint
+and would swamp sub-kilobit payloads); script sizes are reported separately (``SCRIPTS``: minimal reference
+inference scripts, their UTF-8 bytes · 8). The first character of a coded text costs ``ceil(log2 V)`` bits (the
+released coder sends the first token free; the spec adds a byte for byte-level models: ours is character-level).
+
+``TaskComplexity`` measures one checkpoint state's frontier in one fit (a measurement, not a trainer: its single
+training batch is the task's ordered example list) and logs ``tc/*``; ``litlab analyze complexity`` runs the same
+``measure_frontier`` on any checkpoints with litlab's character vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from litlab.lit_modules.analysis import complexity_coding as TC
+from litlab.lit_modules.analysis.contract import TaskData, check_data, posttraining_text, pretraining_text
+from litlab.lit_modules.analysis.diffract import TinyBase
+from litlab.lit_modules.core.adapters import adapter_parameters, inject_adapters
+from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.corpus import CharTokenizer
+from litlab.lit_modules.core.io import atomic_write_json
+from litlab.lit_modules.core.models import TinyGPT
+from litlab.lit_modules.core.pretrain import train_and_cache
+
+State = Literal["random", "pretrained", "posttrained"]
+STATES = ("random", "pretrained", "posttrained")
+TOKENIZER = CharTokenizer()
+FIRST_TOKEN_BITS = math.ceil(
+    math.log2(TOKENIZER.vocab_size)
+)  # 7 bits for the first character of a coded text
+NOT_REACHED_LOG2 = 40.0  # log2 C logged when no point reaches δ (C = inf): beyond every program tried here
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+# Minimal reference inference scripts (the program's text; len = 8 · UTF-8 bytes, reported apart from the payload)
+SCRIPTS = {
+    "baseline": "m=load(theta)\nfor q in Q:print(greedy(m,q,'\\n'))\n",
+    "icl": "m=load(theta);P=acdecode(m,payload)\nfor q in Q:print(greedy(m,P+q,'\\n'))\n",
+    "online": (
+        "m=load(theta);D=[]\nfor b in range(B):\n x=acdecode(m,payload[b]);D+=x;step(m,x)\n"
+        "for e in range(E-1):[step(m,x) for x in batches(D,e)]\nfor q in Q:print(greedy(m,q,'\\n'))\n"
+    ),
+    "lora": "m=load(theta);add_lora(m,r,frombf16(payload))\nfor q in Q:print(greedy(m,q,'\\n'))\n",
+    "lora_q": "m=load(theta);add_lora(m,r,dequant(ktdecode(payload)))\nfor q in Q:print(greedy(m,q,'\\n'))\n",
+}
+
+
+def script_bits(strategy: str) -> int:
+    return 8 * len(SCRIPTS[strategy].encode("utf-8"))
+
+
+# ---- the three checkpoint states of the CPU recipe --------------------------------------------------------------
+def _train_lm(
+    model: nn.Module, text: str, steps: int, lr: float, batch_size: int, block: int, seed: int
+) -> None:
+    """Next-character CE on random windows of ``text`` (AdamW, weight decay 0.01, clip 1, constant lr)."""
+    ids = TOKENIZER.encode(text)
+    offsets = torch.arange(block + 1)
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    model.train()
+    for _ in range(steps):
+        w = ids[torch.randint(0, len(ids) - block - 1, (batch_size, 1), generator=gen) + offsets]
+        loss = F.cross_entropy(model(w[:, :-1]).flatten(0, 1), w[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    model.eval()
+
+
+@config_part
+class SumsBase(TinyBase):
+    """The CPU recipe's checkpoints (``TinyBase``'s architecture fields; cached by ``core.pretrain.train_and_cache``):
+    θ_pre = ``pretrain_steps`` steps (batch ``batch_size`` x ``block_size`` characters, lr ``lr``) on ``corpus_lines``
+    sums lines with the words style in ``words_frac`` of them; θ_post = θ_pre + ``post_steps`` steps (lr
+    ``post_lr``) on words-style lines for a in 0..4; θ_rand = the initialisation θ_pre started from. ``seed`` seeds
+    the init, the corpora and the windows."""
+
+    pretrain_steps: int = 1500
+    heads: int = 4
+    words_frac: float = 0.25
+    corpus_lines: int = 20000
+    post_steps: int = 200
+    post_lr: float = 1e-3
+
+    def _build(self) -> TinyGPT:
+        return TinyGPT(
+            vocab_size=TOKENIZER.vocab_size,
+            d_model=self.d_model,
+            n_layers=self.layers,
+            n_heads=self.heads,
+            block_size=self.block_size,
+        )
+
+    def random_init(self) -> TinyGPT:
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)  # the init train_and_cache builds θ_pre from
+            return self._build().eval()
+
+    def pretrained(self) -> TinyGPT:
+        args = dataclasses.asdict(self)
+        for k in ("post_steps", "post_lr"):
+            args.pop(k)
+        text = pretraining_text(self.corpus_lines, self.words_frac, self.seed)
+        bs, block, seed = self.batch_size, self.block_size, self.seed
+        train = lambda m: _train_lm(m, text, self.pretrain_steps, self.lr, bs, block, seed)  # noqa: E731
+        return train_and_cache("tc_sums_pre", args, self.seed, self._build, train, threads=1).eval()
+
+    def posttrained(self) -> TinyGPT:
+        pre = self.pretrained()
+        text = posttraining_text(self.corpus_lines // 4, self.seed + 1)
+        bs, block, seed = self.batch_size, self.block_size, self.seed + 1
+        train = lambda m: _train_lm(m, text, self.post_steps, self.post_lr, bs, block, seed)  # noqa: E731
+        args = dataclasses.asdict(self)
+        return train_and_cache("tc_sums_post", args, self.seed, lambda: copy.deepcopy(pre), train, 1).eval()
+
+    def checkpoint(self, state: str) -> TinyGPT:
+        if state not in STATES:
+            raise ValueError(f"state must be one of {STATES}, got {state!r}")
+        return {"random": self.random_init, "pretrained": self.pretrained, "posttrained": self.posttrained}[
+            state
+        ]()
+
+
+@config_part
+class StrategyPlan:
+    """The strategies and their size knobs (the CPU recipe's values): ``icl_k`` prompt sizes; ``online_n`` numbers
+    of transmitted examples (full fine-tuning, ``steps`` AdamW steps at ``lr``, batch ``batch_size``); LoRA of rank
+    ``lora_rank`` (alpha ``lora_alpha``) on ``lora_targets`` trained ``steps`` steps at ``lora_lr`` on the first
+    ``lora_examples`` examples, then quantised to each of ``lora_bits``; ``seed`` fixes the epoch order after the
+    first (the decoder replays it) and the LoRA init; ``max_new_tokens`` of greedy decoding."""
+
+    baseline: bool = True
+    icl_k: tuple[int, ...] = (1, 2, 4)
+    online_n: tuple[int, ...] = (5, 15, 50)
+    steps: int = 150
+    lr: float = 1e-3
+    batch_size: int = 10
+    lora_examples: int = 15
+    lora_rank: int = 1
+    lora_alpha: float = 8.0
+    lora_lr: float = 3e-3
+    lora_targets: tuple[str, ...] = LORA_TARGETS
+    lora_bits: tuple[int, ...] = (16, 4, 2)
+    max_new_tokens: int = 10
+    seed: int = 0
+
+
+SUMS_BASE = SumsBase()
+PLAN = StrategyPlan()
+Pairs = Sequence[tuple[str, str]]
+
+
+# ---- model calls ---------------------------------------------------------------------------------------------------
+def _logits(model: nn.Module, x: Tensor) -> Tensor:
+    out = model(x)
+    return out if isinstance(out, Tensor) else out.logits
+
+
+def _block(model: nn.Module) -> int:
+    return int(getattr(model, "block_size", None) or getattr(model.config, "max_position_embeddings", 2048))
+
+
+@torch.no_grad()
+def token_logprobs(model: nn.Module, text: str) -> Tensor:
+    """``log p(x_j | x_<j)`` (float64) of every character of ``text``; entry 0 (the free first token) is 0."""
+    ids = TOKENIZER.encode(text)
+    block = _block(model)
+    out = torch.zeros(len(ids), dtype=torch.float64)
+    if len(ids) <= block + 1:  # one forward
+        lp = torch.log_softmax(_logits(model, ids[None, :-1])[0].double(), -1)
+        out[1:] = lp.gather(1, ids[1:, None])[:, 0]
+        return out
+    for j in range(1, len(ids)):  # longer than the context: each character with the last ``block`` before it
+        ctx = ids[max(0, j - block) : j]
+        out[j] = torch.log_softmax(_logits(model, ctx[None])[0, -1].double(), -1)[ids[j]]
+    return out
+
+
+def prompt_bits(model: nn.Module, text: str) -> int:
+    """Arithmetic-code length of ``text`` under ``model``: ``ceil(Σ_{j>=2} -log2 p)`` + the first character."""
+    if not text:
+        return 0
+    return FIRST_TOKEN_BITS + TC.prompt_payload_bits(token_logprobs(model, text))
+
+
+@torch.no_grad()
+def greedy_answers(model: nn.Module, prefix: str, questions: Sequence[str], max_new: int = 10) -> list[str]:
+    """Greedy continuation of ``prefix + q`` up to the first newline (``max_new`` characters at most)."""
+    model.eval()
+    block = _block(model)
+    by_len: dict[int, list[int]] = {}
+    for i, q in enumerate(questions):
+        by_len.setdefault(len(prefix + q), []).append(i)
+    out = [""] * len(questions)
+    for idx in by_len.values():
+        x = torch.stack([TOKENIZER.encode(prefix + questions[i]) for i in idx])
+        start = x.shape[1]
+        for _ in range(max_new):
+            nxt = _logits(model, x[:, -block:])[:, -1].argmax(-1)
+            x = torch.cat([x, nxt[:, None]], 1)
+        for i, row in zip(idx, x[:, start:]):
+            out[i] = TOKENIZER.decode(row).split("\n", 1)[0]
+    return out
+
+
+def exact_match(model: nn.Module, pairs: Pairs, prefix: str = "", max_new: int = 10) -> float:
+    got = greedy_answers(model, prefix, [q for q, _ in pairs], max_new)
+    return sum(g == a.rstrip("\n") for g, (_, a) in zip(got, pairs)) / len(pairs)
+
+
+# ---- fine-tuning on examples, with the prequential code of epoch 1 --------------------------------------------------
+def _batch(pairs: Pairs) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-padded ``q + a`` ids [B, T], answer-only labels [B, T-1] (-100 elsewhere), coding mask [B, T-1]."""
+    seqs = [TOKENIZER.encode(q + a) for q, a in pairs]
+    T = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), T, dtype=torch.long)
+    labels = torch.full((len(seqs), T - 1), -100, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T - 1, dtype=torch.bool)
+    for i, ((q, _), s) in enumerate(zip(pairs, seqs)):
+        ids[i, : len(s)] = s
+        mask[i, : len(s) - 1] = True
+        labels[i, len(q) - 1 : len(s) - 1] = s[len(q) :]
+    return ids, labels, mask
+
+
+def fit_examples(
+    model: nn.Module,
+    pairs: Pairs,
+    params: Sequence[nn.Parameter],
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    code: bool = False,
+    trace: list | None = None,
+) -> int | None:
+    """``steps`` AdamW steps of answer-only CE on ``pairs`` (epoch 1 in the given order, later epochs a permutation
+    drawn from ``seed``). With ``code``, every epoch-1 batch is first scored under the current weights (all
+    characters of each example, the first at ``FIRST_TOKEN_BITS``) and the prequential payload is returned.
+    ``trace`` records ``("score", batch)`` events (tests check that scoring precedes the batch's step)."""
+    n = len(pairs)
+    n_first = math.ceil(n / batch_size)
+    if code and steps < n_first:
+        raise ValueError(f"online coding of {n} examples needs >= {n_first} steps (one epoch), got {steps}")
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    coded: list[Tensor] = []
+    step, epoch = 0, 0
+    model.train()
+    while step < steps:
+        order = list(range(n)) if epoch == 0 else torch.randperm(n, generator=gen).tolist()
+        for b0 in range(0, n, batch_size):
+            if step >= steps:
+                break
+            ids, labels, mask = _batch([pairs[i] for i in order[b0 : b0 + batch_size]])
+            logits = _logits(model, ids[:, :-1])
+            if code and epoch == 0:  # scored before this batch's optimizer step
+                lp = torch.log_softmax(logits.detach().double(), -1).gather(2, ids[:, 1:, None])[..., 0]
+                first = torch.full((ids.shape[0],), -FIRST_TOKEN_BITS * math.log(2), dtype=torch.float64)
+                coded.append(torch.cat([lp[mask], first]))
+                if trace is not None:
+                    trace.append(("score", len(coded) - 1))
+            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+        epoch += 1
+    model.eval()
+    return TC.prequential_bits(coded) if code else None
+
+
+# ---- strategies -> (bits, perf) points --------------------------------------------------------------------------------
+def _row(strategy: str, knob: str, payload: int, perf: float) -> dict:
+    s = script_bits(strategy)
+    return dict(
+        strategy=strategy, knob=knob, bits_payload=payload, bits_script=s, bits_total=s + payload, perf=perf
+    )
+
+
+def online_point(model: nn.Module, examples: Pairs, n: int, eval_pairs: Pairs, plan: StrategyPlan) -> dict:
+    m = copy.deepcopy(model)
+    for p in m.parameters():
+        p.requires_grad_(True)
+    bits = fit_examples(
+        m, examples[:n], list(m.parameters()), plan.steps, plan.lr, plan.batch_size, plan.seed, True
+    )
+    return _row("online", f"n={n}", int(bits), exact_match(m, eval_pairs, max_new=plan.max_new_tokens))
+
+
+def add_lora(model: nn.Module, plan: StrategyPlan) -> tuple[nn.Module, list[nn.Parameter]]:
+    """A copy of ``model`` with rank-``lora_rank`` LoRA on every matching linear (base frozen), and its factors."""
+    m = copy.deepcopy(model)
+    with torch.random.fork_rng():
+        torch.manual_seed(plan.seed)
+        adapted = inject_adapters(m, list(plan.lora_targets), rank=plan.lora_rank, alpha=plan.lora_alpha)
+    return m, adapter_parameters(adapted)
+
+
+def lora_points(model: nn.Module, examples: Pairs, eval_pairs: Pairs, plan: StrategyPlan) -> list[dict]:
+    m, params = add_lora(model, plan)
+    train = examples[: plan.lora_examples]
+    fit_examples(m, train, params, plan.steps, plan.lora_lr, plan.batch_size, plan.seed)
+    rows = [_row("lora", f"r={plan.lora_rank}", TC.lora_payload_bits(params), exact_match(m, eval_pairs))]
+    for b in plan.lora_bits:
+        saved = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p in params:
+                p.copy_(TC.quantize_uniform(p.detach(), b)[1])
+        payload = TC.lora_q_payload_bits(saved, b)
+        rows.append(_row("lora_q", f"r={plan.lora_rank},b={b}", payload, exact_match(m, eval_pairs)))
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+    return rows
+
+
+def measure_frontier(
+    model: nn.Module,
+    examples: Pairs,
+    eval_pairs: Pairs,
+    plan: StrategyPlan = PLAN,
+    progress: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Every strategy point of ``plan`` for the frozen ``model`` (not modified): rows with strategy, knob,
+    bits_payload, bits_script, bits_total and perf (exact match on ``eval_pairs``)."""
+    model = model.eval()
+    rows: list[dict] = []
+
+    def add(r: dict) -> None:
+        rows.append(r)
+        if progress is not None:
+            progress(r)
+
+    if plan.baseline:
+        add(_row("baseline", "", 0, exact_match(model, eval_pairs, max_new=plan.max_new_tokens)))
+    for k in plan.icl_k:
+        prompt = "".join(q + a for q, a in examples[:k])
+        perf = exact_match(model, eval_pairs, prefix=prompt, max_new=plan.max_new_tokens)
+        add(_row("icl", f"k={k}", prompt_bits(model, prompt), perf))
+    for n in plan.online_n:
+        add(online_point(model, examples, n, eval_pairs, plan))
+    if plan.lora_bits is not None and plan.lora_examples > 0:
+        for r in lora_points(model, examples, eval_pairs, plan):
+            add(r)
+    return rows
+
+
+# ---- frontier summaries ----------------------------------------------------------------------------------------------
+def delta_key(delta: float) -> str:
+    return f"{int(round(delta * 100)):03d}"
+
+
+def summarize(rows: Sequence[dict], deltas: Sequence[float], bits: str = "bits_payload") -> dict[str, float]:
+    """C(δ) (as log2; ``NOT_REACHED_LOG2`` when no point reaches δ), the frontier's reach, and per-strategy bests."""
+    pts = [(float(r[bits]), float(r["perf"])) for r in rows]
+    out: dict[str, float] = {"max_perf": max(p for _, p in pts)}
+    for d in deltas:
+        c = TC.complexity(pts, d)
+        out[f"reached_{delta_key(d)}"] = float(math.isfinite(c))
+        out[f"log2_C_{delta_key(d)}"] = math.log2(max(c, 1.0)) if math.isfinite(c) else NOT_REACHED_LOG2
+    for s in ("baseline", "icl", "online", "lora", "lora_q"):
+        mine = [r for r in rows if r["strategy"] == s]
+        if mine:
+            out[f"best_perf_{s}"] = max(r["perf"] for r in mine)
+    lora = [r for r in rows if r["strategy"] == "lora"]
+    q2 = [r for r in rows if r["strategy"] == "lora_q" and r["knob"].endswith(",b=2")]
+    if lora and q2:
+        out["lora_q2_acc_ratio"] = q2[0]["perf"] / lora[0]["perf"] if lora[0]["perf"] > 0 else float("nan")
+        out["lora_q2_bits_ratio"] = q2[0]["bits_payload"] / lora[0]["bits_payload"]
+    return out
+
+
+def reductions(frontiers: dict[str, Sequence[dict]], bits: str = "bits_payload") -> dict[str, float]:
+    """``R = C_pre(δ*) / C_post(δ*)`` at δ* = the pre-trained frontier's best (and random → pre likewise)."""
+    pts = {k: [(float(r[bits]), float(r["perf"])) for r in v] for k, v in frontiers.items()}
+    out = {}
+    for lo, hi in (("random", "pretrained"), ("pretrained", "posttrained")):
+        if lo in pts and hi in pts:
+            delta = max(p for _, p in pts[lo])
+            both_free = TC.complexity(pts[lo], delta) == 0 == TC.complexity(pts[hi], delta)
+            out[f"R_{lo}_to_{hi}"] = 1.0 if both_free else TC.reduction(pts[lo], pts[hi])
+    return out
+
+
+def write_frontier_figure(frontiers: dict[str, Sequence[dict]], path: Path, title: str = "") -> Path:
+    """Performance vs payload bits (log x; 0-bit points at 1 bit), one step-function frontier per checkpoint,
+    strategies as markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    markers = {"baseline": "s", "icl": "^", "online": "o", "lora": "D", "lora_q": "v"}
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, rows in frontiers.items():
+        pts = [(max(float(r["bits_payload"]), 1.0), float(r["perf"])) for r in rows]
+        front = TC.pareto_frontier(pts)
+        xs = [b for b, _ in front] + [max(b for b, _ in pts) * 2]
+        ys = [p for _, p in front] + [front[-1][1]]
+        line = ax.step(xs, ys, where="post", label=name)[0]
+        for r, (b, p) in zip(rows, pts):
+            ax.scatter([b], [p], marker=markers.get(r["strategy"], "."), color=line.get_color(), s=22)
+    for s, m in markers.items():
+        ax.scatter([], [], marker=m, color="grey", label=s)
+    ax.set(
+        xscale="log", xlabel="payload bits (0 drawn at 1)", ylabel="exact match", title=title or "frontiers"
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---- the LightningModule ------------------------------------------------------------------------------------------
+class TaskComplexity(L.LightningModule):
+    """The rate–accuracy frontier of one checkpoint state on a ``TaskData`` task, measured in one fit.
+
+    ``backbone="tiny_gpt"`` builds the ``state`` checkpoint of the CPU recipe from ``base`` (cached); another value
+    is a Hugging Face id or folder (full scale; fails at once offline naming it). The single training batch is the
+    task's ordered examples; the strategies fine-tune copies, so ``self.model`` (the checkpoint) is never changed and
+    the run's ``last.ckpt`` holds it (``litlab analyze complexity`` reads it back). Logs ``tc/<strategy>[<knob>]/bits``
+    and ``/perf`` per point, and ``tc/<summary>`` (``summarize``: ``log2_C_<δ·100>``, ``max_perf``, ...); writes
+    ``<run>/task_complexity.json`` and ``task_complexity_frontier.png``."""
+
+    def __init__(
+        self,
+        base: SumsBase = SUMS_BASE,
+        state: State = "pretrained",
+        plan: StrategyPlan = PLAN,
+        deltas: tuple[float, ...] = (0.25, 0.40),
+        backbone: str = "tiny_gpt",
+        figures: bool = True,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.base_cfg, self.plan, self.state_tag, self.deltas = base, plan, state, tuple(deltas)
+        if backbone == "tiny_gpt":
+            self.model = base.checkpoint(state)
+        else:  # full scale: a Hugging Face id or folder; fails at once offline naming what to download
+            from litlab.lit_modules.core.hf import load_causal_lm
+
+            self.model = load_causal_lm(backbone, dtype="bfloat16")
+            raise NotImplementedError(
+                f"{backbone} loaded, but the tokenizer-aware strategies and the GSM8K / FLORES / IFEval "
+                "DataModules of the paper's scale are not built (the local sums tasks use litlab's character vocabulary)"
+            )
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.rows: list[dict] = []
+
+    def setup(self, stage: str) -> None:
+        check_data(self.trainer.datamodule, type(self).__name__, TaskData)
+
+    def configure_optimizers(self):
+        # the strategies optimise copies of the model with their own optimizers; this one only makes the single
+        # training step count (a parameter outside the module: nothing of it enters the checkpoint)
+        return torch.optim.SGD([nn.Parameter(torch.zeros(()))], lr=0.0)
+
+    def training_step(self, batch, batch_idx: int) -> None:
+        self.optimizers().step()
+        dm = self.trainer.datamodule
+        plan = self.plan
+        if self.trainer.fast_dev_run:  # a smoke run: the cheapest points only
+            plan = dataclasses.replace(plan, icl_k=plan.icl_k[:1], online_n=(), lora_examples=0)
+        self.rows = measure_frontier(self.model, batch["examples"], dm.eval_pairs(), plan)
+        for r in self.rows:
+            key = f"tc/{r['strategy']}" + (f"[{r['knob']}]" if r["knob"] else "")
+            self.log(f"{key}/bits", float(r["bits_payload"]), on_step=True, on_epoch=False)
+            self.log(f"{key}/perf", float(r["perf"]), on_step=True, on_epoch=False)
+        for k, v in summarize(self.rows, self.deltas).items():
+            self.log(f"tc/{k}", float(v), on_step=True, on_epoch=False, prog_bar=k == "max_perf")
+        if self.trainer.is_global_zero:
+            root = Path(self.trainer.default_root_dir)
+            atomic_write_json(
+                root / "task_complexity.json",
+                {"state": self.state_tag, "task": dm.task, "rows": self.rows, "deltas": list(self.deltas)},
+            )
+            if self.hparams.figures:
+                write_frontier_figure(
+                    {self.state_tag: self.rows}, root / "task_complexity_frontier.png", dm.task
+                )
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["task_complexity_rows"] = self.rows
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.rows = list(checkpoint.get("task_complexity_rows", []))
+
+
+# ---- card report hook -------------------------------------------------------------------------------------------------
+def report(result, out_dir: Path):
+    """The frontiers of the three states for each seed (one figure), and the reductions R per seed."""
+    import json
+
+    from litlab.lit_modules.core.results import ReportExtras
+
+    by_seed: dict[int, dict[str, list]] = {}
+    for run in result.runs.values():
+        for sr in run.runs:
+            f = Path(sr.run_dir) / "task_complexity.json"
+            if f.exists():
+                d = json.loads(f.read_text())
+                by_seed.setdefault(sr.seed, {})[d["state"]] = d["rows"]
+    figures, lines, numbers = [], ["### Frontiers (payload bits)\n\n"], {}
+    for seed, fr in sorted(by_seed.items()):
+        fr = {s: fr[s] for s in STATES if s in fr}
+        figures.append(write_frontier_figure(fr, out_dir / f"frontier_seed{seed}.png", f"seed {seed}"))
+        red = reductions(fr)
+        numbers.update({f"{k}_seed{seed}": v for k, v in red.items() if math.isfinite(v)})
+        lines.append(f"seed {seed}: " + ", ".join(f"{k} = {v:.4g}" for k, v in red.items()) + "\n\n")
+        for state, rows in fr.items():
+            pts = ", ".join(
+                f"{r['strategy']}{'[' + r['knob'] + ']' if r['knob'] else ''} {r['perf']:.2f} @ "
+                f"{r['bits_payload']}"
+                for r in rows
+            )
+            lines.append(f"- {state}: {pts}\n")
+        lines.append("\n")
+    return ReportExtras(figures=figures, markdown="".join(lines), numbers=numbers)
