@@ -229,3 +229,74 @@ def test_effect_on_the_toy(tmp_path):
     assert mean["u3cf"] >= mean["source_only"] + 0.12, mean
     assert mean["u3cf"] >= mean["shot"] + 0.05, mean
     assert mean["u3cf"] >= mean["prototype_only"] - 0.03, mean
+
+
+# ---- D-CGCT's graph head ----------------------------------------------------------------------------------------
+def test_edge_net_is_symmetric_and_its_normalised_columns_sum_to_one():
+    from litlab.lit_modules.domain.graph import EdgeNet
+
+    torch.manual_seed(0)
+    net = EdgeNet(6, 4).double().eval()
+    h = torch.randn(7, 6, dtype=torch.float64)
+    norm, sim = net(h)
+    assert torch.allclose(sim, sim.T, atol=1e-12) and bool(((sim > 0) & (sim < 1)).all())
+    assert torch.allclose(sim.diagonal(), sim[0, 0].expand(7), atol=1e-12)  # |h_i − h_i| = 0 for every i
+    assert torch.allclose(norm.sum(0), torch.ones(7, dtype=torch.float64), atol=1e-12)
+    ref = sim + torch.eye(7, dtype=torch.float64) + 1e-6
+    assert torch.allclose(norm, ref / ref.sum(0, keepdim=True), atol=1e-12)
+
+
+def test_aggregate_is_the_weighted_mean_of_the_other_nodes_by_hand():
+    from litlab.lit_modules.domain.graph import aggregate
+
+    edge = torch.tensor([[9.0, 1.0, 3.0], [2.0, 9.0, 2.0], [1.0, 1.0, 9.0]], dtype=torch.float64)
+    h = torch.tensor([[0.0, 1.0], [4.0, 0.0], [8.0, 2.0]], dtype=torch.float64)
+    out = aggregate(edge, h)
+    # node 0: weights 1, 3 on nodes 1, 2 -> (1·[4, 0] + 3·[8, 2]) / 4 = [7, 1.5]; node 1: (2·h0 + 2·h2) / 4
+    assert torch.allclose(out[0], torch.tensor([7.0, 1.5], dtype=torch.float64))
+    assert torch.allclose(out[1], torch.tensor([4.0, 1.5], dtype=torch.float64))
+    assert torch.allclose(out[2], torch.tensor([2.0, 0.5], dtype=torch.float64))
+
+
+def test_graph_classifier_is_permutation_equivariant_and_edge_loss_masks():
+    from litlab.lit_modules.domain.graph import ClassifierGNN, edge_loss
+    from litlab.lit_modules.domain.u3cf import backdoor_gnn
+
+    torch.manual_seed(1)
+    gnn = ClassifierGNN(8, 4, 5).double().eval()
+    h = torch.randn(6, 8, dtype=torch.float64)
+    logits, sim = gnn(h)
+    assert logits.shape == (6, 5) and sim.shape == (6, 6)
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    logits_p, sim_p = gnn(h[perm])
+    assert torch.allclose(logits_p, logits[perm], atol=1e-10)
+    assert torch.allclose(sim_p, sim[perm][:, perm], atol=1e-10)
+    # the graph branch of the adjustment with one domain is G's own log-softmax
+    logp, mean_sim = backdoor_gnn(gnn, h[None])
+    assert torch.allclose(logp, F.log_softmax(logits, -1), atol=1e-10) and torch.allclose(mean_sim, sim)
+    # BCE over the pairs with both labels known (label2edge's mask): node 3 is unknown
+    s = torch.tensor(
+        [[0.9, 0.8, 0.3, 0.5], [0.8, 0.9, 0.2, 0.5], [0.3, 0.2, 0.9, 0.5], [0.5, 0.5, 0.5, 0.5]],
+        dtype=torch.float64,
+    )
+    y = torch.tensor([0, 0, 1, -1])
+    same = [0.9, 0.8, 0.8, 0.9, 0.9]  # (0,0) (0,1) (1,0) (1,1) (2,2)
+    diff = [0.3, 0.2, 0.3, 0.2]  # (0,2) (1,2) (2,0) (2,1)
+    expect = -(sum(math.log(p) for p in same) + sum(math.log(1 - p) for p in diff)) / 9
+    assert edge_loss(s, y).item() == pytest.approx(expect, abs=1e-12)
+    assert edge_loss(s, torch.full((4,), -1)).item() == 0.0
+
+
+def test_curriculum_with_the_graph_head(tmp_path):
+    with pytest.raises(ValueError, match="SHOT has no graph head"):
+        U3CF(method="shot", use_gnn=True)
+    module = tiny("u3cf", use_gnn=True, edge_features=4, channels=(8, 8, 8), feat_dim=8, latent=4)
+    trainer, dm = run(module, tmp_path)
+    assert module.net.gnn is not None and sorted(module.order.tolist()) == [0, 1, 2]
+    m = trainer.callback_metrics
+    assert m["curriculum/order_ok"].item() == 1.0 and m["curriculum/pseudo_source_ok"].item() == 1.0
+    assert {"val/acc_gnn_T1", "val/acc_gnn_mean", "val/acc_mean"} <= set(m)
+    assert 0.0 <= m["val/acc_gnn_mean"].item() <= 1.0
+    # the pseudo-source took G's confident labels: every upgraded sample has G-confidence > thr
+    added = module.ps_label >= 0
+    assert int(added.sum()) > 0 and bool((module.ps_conf[added] > 0.2).all())

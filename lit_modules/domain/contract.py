@@ -7,8 +7,9 @@
                       ``(view_1, view_2, index)`` of the target's unlabelled training images only, and
                       ``target_plain_loader`` yields ``(x, index)`` in order (bank and BN-statistics passes).
 
-``litlab.datamodules.domain.RegressionDomainsDataModule`` is the one the project ships; this is the only file
-of the family that imports ``datamodules/``.
+``litlab.datamodules.domain.RegressionDomainsDataModule`` and ``MultiTargetDigitsDataModule`` are the ones the
+project ships (re-exported here for the report hooks, which rebuild a run's DataModule from its checkpoint);
+this is the only file of the family that imports ``datamodules/``.
 """
 
 from __future__ import annotations
@@ -17,13 +18,21 @@ from typing import Protocol, runtime_checkable
 
 from torch.utils.data import DataLoader
 
-from litlab.datamodules.domain import DOMAIN_LAYOUTS, check_domain_folder, weak_augment
+from litlab.datamodules.domain import (
+    DOMAIN_LAYOUTS,
+    MultiTargetDigitsDataModule,
+    RegressionDomainsDataModule,
+    check_domain_folder,
+    weak_augment,
+)
 from litlab.lit_modules.core.contracts import check_protocol
 from litlab.lit_modules.core.errors import ContractError
 
 __all__ = [
     "DOMAIN_LAYOUTS",
     "DomainData",
+    "MultiTargetDigitsDataModule",
+    "RegressionDomainsDataModule",
     "SourceFreeData",
     "check_data",
     "check_domain_folder",

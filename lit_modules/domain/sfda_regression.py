@@ -348,7 +348,7 @@ def run_features(run_dir) -> tuple[Tensor, Tensor, list[str], None, None]:
     """Features z = g(x) (eval mode) of the source images and the target's unlabelled training images of an
     SFDA-regression run, from its checkpoint (domain 0 the source, 1 the target); the DataModule is rebuilt
     from the checkpoint."""
-    from litlab.datamodules.domain import RegressionDomainsDataModule
+    from litlab.lit_modules.domain.contract import RegressionDomainsDataModule
     from litlab.lit_modules.domain.report import datamodule_from_checkpoint, run_checkpoint, sub_state
 
     ckpt = run_checkpoint(run_dir)

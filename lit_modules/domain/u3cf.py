@@ -13,7 +13,10 @@ Algorithm (stages as in the precursor's trainer):
      a. pick the remaining target with the largest mean max-softmax of fc(F(x)) (eval mode)
      b. ``adapt_iters`` steps: L = CE(fc(h_s), y_s) + λ_adv · CE(cos(h_t, μ)/τ, ŷ_t), with (h_s, y_s, d_s)
         appended to the FIFO memory M every step and μ = class means of M recomputed every step;
-        ŷ_t = argmax fc(h_t) (the toy has no GNN head: ``use_gnn=false`` uses the MLP's pseudo-labels)
+        ŷ_t = argmax fc(h_t) (``use_gnn=false``, the toy's default, as the spec's prototype); with D-CGCT's
+        graph head G (``use_gnn=true``, ``graph.ClassifierGNN`` over the batch of b_s + b_t nodes) ŷ_t = argmax
+        G(h)_t and L += λ_node CE(G(h)_s, y_s) + λ_edge BCE(A, 1[y_i = y_j]) over the pairs of source and
+        confident (max softmax fc > thr) target nodes; the target choice and the upgrade use G's probabilities
      c. pseudo-source upgrade: every sample of the adapted target with max softmax > thr joins the
         pseudo-source set with its pseudo-label and domain index m
   3. causal stage (``method=u3cf``; §3.4, the network is **reconstructed**: the precursor's network file is not
@@ -35,8 +38,11 @@ Backbone F: the toy's small conv net (``backbone="small"``), or at full scale a 
 (``backbone="resnet50"`` / ``"resnet101"``, ``backbone_weights="IMAGENET1K_V1"`` or a local state-dict file),
 checked when the module is built: without torchvision or the weights file it fails at once naming them.
 
-Not implemented: D-CGCT's GNN head (edge and node nets); the edge-label helper ``prototypes.label2edge`` is
-there, the toy runs with ``use_gnn=false`` as the spec's prototype did.
+With ``use_gnn=true`` G is trained in the source stage too (CE + λ_node CE(G) + λ_edge BCE), prototype-only's
+fine-tune adds the same terms, and the causal stage adds the graph branch of the adjustment (G on each
+h^{do(d)}, log-mean-exp over d: λ_node NLL + λ_edge BCE of the d-averaged edges). G's accuracy is logged as
+``val/acc_gnn_*`` (one graph per evaluation batch of 512 images, transductive) beside the MLP's ``val/acc_*``,
+which stays the card's metric; neither is picked with target labels.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from litlab.lit_modules.domain.baselines import shot_losses
 from litlab.lit_modules.domain.contract import DomainData, check_data
+from litlab.lit_modules.domain.graph import ClassifierGNN, edge_loss
 from litlab.lit_modules.domain.nets import ConvFeatures, ResNetFeatures, resnet_weights_file
 from litlab.lit_modules.domain.prototypes import FIFOMemory, class_means, prototype_contrastive_loss
 from litlab.lit_modules.domain.source import SourceRecipe, cached_source
@@ -61,13 +68,26 @@ SOURCE_RECIPE = SourceRecipe(optimizer="sgd", lr=0.01, weight_decay=5e-4, iters=
 
 
 # ---- the causal stage's pieces (pure functions and a small module) -----------------------------------------------
-def backdoor_log_prob(fc: nn.Module, decoder: nn.Module, z_c: Tensor, conf_protos: Tensor) -> Tensor:
-    """log P(y | do(x)) = logsumexp_d log softmax(fc(R([z_c; C_d]))) − log D, uniform P(d) (Eq. BA)."""
+def intervened(decoder: nn.Module, z_c: Tensor, conf_protos: Tensor) -> Tensor:
+    """h^{do(d)} = R([z_c; C_d]) for every domain d: (D, B, feat)."""
     D, B = len(conf_protos), len(z_c)
     zc = z_c[None].expand(D, B, -1)
     cd = conf_protos[:, None].expand(D, B, -1)
-    logp = F.log_softmax(fc(decoder(torch.cat([zc, cd], -1))), dim=-1)  # (D, B, C)
-    return torch.logsumexp(logp, dim=0) - math.log(D)
+    return decoder(torch.cat([zc, cd], -1))
+
+
+def backdoor_log_prob(fc: nn.Module, decoder: nn.Module, z_c: Tensor, conf_protos: Tensor) -> Tensor:
+    """log P(y | do(x)) = logsumexp_d log softmax(fc(R([z_c; C_d]))) − log D, uniform P(d) (Eq. BA)."""
+    logp = F.log_softmax(fc(intervened(decoder, z_c, conf_protos)), dim=-1)  # (D, B, C)
+    return torch.logsumexp(logp, dim=0) - math.log(len(conf_protos))
+
+
+def backdoor_gnn(gnn: nn.Module, h_do: Tensor) -> tuple[Tensor, Tensor]:
+    """The graph branch of the adjustment (spec §3.4): G on each slice h^{do(d)} (B nodes), the log-mean-exp of
+    its log-softmaxes over d, and the edge similarities averaged over d: ((B, C), (B, B))."""
+    outs = [gnn(h) for h in h_do]
+    logp = torch.stack([F.log_softmax(o[0], -1) for o in outs])
+    return torch.logsumexp(logp, 0) - math.log(len(h_do)), torch.stack([o[1] for o in outs]).mean(0)
 
 
 def uniform_kl(logits: Tensor) -> Tensor:
@@ -122,6 +142,7 @@ class Classifier(nn.Module):
         num_classes: int,
         backbone: str = "small",
         weights: str | None = None,
+        gnn_edge_features: int = 0,
     ):
         super().__init__()
         if backbone == "small":
@@ -132,6 +153,8 @@ class Classifier(nn.Module):
         nn.init.xavier_normal_(self.bottleneck.weight)
         nn.init.zeros_(self.bottleneck.bias)
         self.fc = nn.Linear(feat_dim, num_classes)
+        # D-CGCT's graph head G (graph.ClassifierGNN), built last so the toy's other weights are drawn as before
+        self.gnn = ClassifierGNN(feat_dim, gnn_edge_features, num_classes) if gnn_edge_features else None
 
     def features(self, x: Tensor) -> Tensor:
         return self.bottleneck(self.convs(x))
@@ -148,6 +171,7 @@ def build_classifier(hparams, num_classes: int) -> Classifier:
         num_classes,
         hparams.get("backbone", "small"),
         hparams.get("backbone_weights"),
+        hparams.get("edge_features", 128) if hparams.get("use_gnn", False) else 0,
     )
 
 
@@ -190,6 +214,9 @@ class U3CF(L.LightningModule):
         shot_beta: float = 0.3,
         shot_refresh: int = 100,
         use_gnn: bool = False,
+        edge_features: int = 128,
+        lambda_node: float = 0.3,
+        lambda_edge: float = 1.0,
         backbone: str = "small",
         backbone_weights: str | None = None,
     ):
@@ -197,9 +224,9 @@ class U3CF(L.LightningModule):
         self.save_hyperparameters()
         if method not in Method.__args__:
             raise ValueError(f"unknown method {method!r}; expected one of {Method.__args__}")
-        if use_gnn:
+        if use_gnn and method == "shot":
             raise ValueError(
-                "use_gnn=true: D-CGCT's GNN head is not implemented in litlab yet; use use_gnn=false"
+                "use_gnn=true applies to source_only / prototype_only / u3cf; SHOT has no graph head"
             )
         if backbone != "small":
             resnet_weights_file(backbone, backbone_weights)  # fail at once, before any data is read
@@ -222,12 +249,22 @@ class U3CF(L.LightningModule):
         key = {"kind": "u3cf_classifier", "channels": list(h.channels), "feat_dim": h.feat_dim, "C": C}
         if h.backbone != "small":  # the toy's key (and so its cached source checkpoints) stays as it was
             key |= {"backbone": h.backbone, "weights": h.backbone_weights}
+        if h.use_gnn:  # the graph head is trained in the source stage too (spec §3.2)
+            key |= {"gnn": {"E": h.edge_features, "lambda_node": h.lambda_node, "lambda_edge": h.lambda_edge}}
 
         def build():
             return build_classifier(h, C)
 
         def loss(net, x, y):
-            return F.cross_entropy(net(x), y)
+            if net.gnn is None:
+                return F.cross_entropy(net(x), y)
+            feats = net.features(x)  # §3.2: CE(fc(h), y) + λ_node CE(G(h), y) + λ_edge BCE(A, edge(y))
+            logits_g, sim = net.gnn(feats)
+            return (
+                F.cross_entropy(net.fc(feats), y)
+                + h.lambda_node * F.cross_entropy(logits_g, y)
+                + h.lambda_edge * edge_loss(sim, y)
+            )
 
         self.net = cached_source("domain_source", key, h.source_seed, build, loss, dm, self.source_stage)
         with torch.random.fork_rng():
@@ -250,6 +287,8 @@ class U3CF(L.LightningModule):
         if self.method == "shot":
             self.net.fc.requires_grad_(False)  # SHOT's hypothesis transfer
         self.accs = nn.ModuleList(MulticlassAccuracy(C, average="micro") for _ in range(M))
+        if h.use_gnn:
+            self.accs_gnn = nn.ModuleList(MulticlassAccuracy(C, average="micro") for _ in range(M))
         self.target_names = list(dm.target_domains)
 
     def total_steps(self) -> int:
@@ -274,12 +313,18 @@ class U3CF(L.LightningModule):
         return torch.Generator().manual_seed(self.hparams.source_seed * 1_000_003 + int(self.it))
 
     @torch.no_grad()
-    def eval_probs(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def eval_probs(self, x: Tensor, head: str = "model") -> tuple[Tensor, Tensor]:
+        """(h, class probabilities) in eval mode; the probabilities of G (graphs over chunks of 512 images, as
+        D-CGCT's test batches) when the model has a graph head and ``head="model"``, else of fc."""
         was = self.net.training
         self.net.eval()
-        feats = torch.cat([self.net.features(c) for c in x.split(512)])
+        chunks = [self.net.features(c) for c in x.split(512)]
+        if self.net.gnn is not None and head == "model":
+            probs = torch.cat([self.net.gnn(c)[0].softmax(-1) for c in chunks])
+        else:
+            probs = self.net.fc(torch.cat(chunks)).softmax(-1)
         self.net.train(was)
-        return feats, self.net.fc(feats).softmax(-1)
+        return torch.cat(chunks), probs
 
     def pseudo_source_pool(self) -> tuple[Tensor, Tensor, Tensor]:
         """All pseudo-source samples (x, y, d): the source plus upgraded target samples."""
@@ -314,14 +359,15 @@ class U3CF(L.LightningModule):
     @torch.no_grad()
     def upgrade_pseudo_source(self, t: int, last: bool) -> None:
         """§3.3.3: target t's samples with max softmax > thr join the pseudo-source set (domain t + 1)."""
-        feats, p = self.eval_probs(self.target_x[t])
+        feats, p = self.eval_probs(self.target_x[t])  # G's probabilities with the graph head
         conf, lab = p.max(1)
         sl = slice(self.offsets[t], self.offsets[t + 1])
         keep = conf > self.hparams.thr
         self.ps_label[sl] = torch.where(keep, lab, torch.full_like(lab, -1))
         self.ps_conf[sl] = conf
         if last:  # §3.3.4: the last target's (h, MLP pseudo-label, d) also enter M
-            self.memory.append(feats, lab, torch.full_like(lab, t + 1))
+            mlp = lab if self.net.gnn is None else self.net.fc(feats).argmax(1)
+            self.memory.append(feats, mlp, torch.full_like(mlp, t + 1))
 
     @torch.no_grad()
     def init_confounders(self) -> None:
@@ -341,7 +387,7 @@ class U3CF(L.LightningModule):
     def refresh_shot_labels(self) -> None:
         """SHOT's weighted-centroid pseudo-labels over the blended targets (two rounds: soft, then hard)."""
         x = torch.cat(self.target_x)
-        feats, p = self.eval_probs(x)
+        feats, p = self.eval_probs(x, head="fc")
         f = F.normalize(feats, dim=1)
         cent = p.T @ f / p.sum(0)[:, None].clamp_min(1e-8)
         lab = (f @ F.normalize(cent, dim=1).T).argmax(1)
@@ -395,7 +441,9 @@ class U3CF(L.LightningModule):
         self.log("train/loss", loss.detach(), prog_bar=True)
 
     def curriculum_step(self, t: int, gen) -> Tensor:
-        """§3.3.2: L = CE(fc(h_s), y_s) + λ_adv CE(cos(h_t, μ)/τ, ŷ_t)."""
+        """§3.3.2: L = CE(fc(h_s), y_s) + λ_adv CE(cos(h_t, μ)/τ, ŷ_t), ŷ_t = argmax fc(h_t); with the graph head
+        L += λ_node CE(G(h)_s, y_s) + λ_edge BCE(A, edge) over the source and confident target nodes, and
+        ŷ_t = argmax G(h)_t."""
         h = self.hparams
         pool = self.pseudo_source_pool()
         xs, ys, ds = self.sample(pool, h.batch_source, gen)
@@ -407,15 +455,42 @@ class U3CF(L.LightningModule):
             h_s, ys, ds, limit=len(pool[0])
         )  # FIFO; grows while smaller than the pseudo-source
         mu = class_means(*self.memory.rows()[:2], self.num_classes)  # recomputed every step, detached
-        pseudo = self.net.fc(h_t).argmax(1).detach()
+        if self.net.gnn is None:
+            pseudo = self.net.fc(h_t).argmax(1).detach()
+            l_proto = prototype_contrastive_loss(h_t, mu, pseudo, h.tau)
+            self.log_dict({"train/l_mlp": l_mlp.detach(), "train/l_proto": l_proto.detach()})
+            return l_mlp + h.lambda_adv * l_proto
+        logits_g, sim = self.net.gnn(feats)  # one graph over the b_s + b_t nodes
+        l_gnn = F.cross_entropy(logits_g[: len(xs)], ys)
+        conf, lab_t = self.net.fc(h_t).detach().softmax(-1).max(1)
+        edge_labels = torch.cat([ys, torch.where(conf > h.thr, lab_t, torch.full_like(lab_t, -1))])
+        l_edge = edge_loss(sim, edge_labels)
+        pseudo = logits_g[len(xs) :].argmax(1).detach()
         l_proto = prototype_contrastive_loss(h_t, mu, pseudo, h.tau)
-        self.log_dict({"train/l_mlp": l_mlp.detach(), "train/l_proto": l_proto.detach()})
-        return l_mlp + h.lambda_adv * l_proto
+        self.log_dict(
+            {
+                "train/l_mlp": l_mlp.detach(),
+                "train/l_proto": l_proto.detach(),
+                "train/l_gnn": l_gnn.detach(),
+                "train/l_edge": l_edge.detach(),
+            }
+        )
+        return l_mlp + h.lambda_node * l_gnn + h.lambda_edge * l_edge + h.lambda_adv * l_proto
 
     def finetune_step(self, gen) -> Tensor:
-        """prototype-only's stage 3: plain CE on the pseudo-source set."""
-        x, y, _ = self.sample(self.pseudo_source_pool(), self.hparams.batch_finetune, gen)
-        return F.cross_entropy(self.net(x), y)
+        """prototype-only's stage 3: plain CE on the pseudo-source set (with the graph head, D-CGCT's fine-tune:
+        + λ_node CE(G(h), y) + λ_edge BCE(A, edge(y)))."""
+        h = self.hparams
+        x, y, _ = self.sample(self.pseudo_source_pool(), h.batch_finetune, gen)
+        if self.net.gnn is None:
+            return F.cross_entropy(self.net(x), y)
+        feats = self.net.features(x)
+        logits_g, sim = self.net.gnn(feats)
+        return (
+            F.cross_entropy(self.net.fc(feats), y)
+            + h.lambda_node * F.cross_entropy(logits_g, y)
+            + h.lambda_edge * edge_loss(sim, y)
+        )
 
     def causal_step(self, step: int, gen) -> Tensor:
         """§3.4: the causal stage's losses on a pseudo-source batch."""
@@ -444,13 +519,19 @@ class U3CF(L.LightningModule):
                 "train/l_rec": l_rec.detach(),
             }
         )
-        return (
+        loss = (
             h.lambda_mlp * l_mlp
             + h.lambda_klg * anneal * l_vae
             + h.lambda_ce * l_sup
             + h.lambda_kl * l_mi
             + h.lambda_res * l_rec
         )
+        if self.net.gnn is not None:  # the graph branch: λ_node3 = λ_node, λ_edge3 = λ_edge (spec §3.7)
+            logp_g, sim = backdoor_gnn(self.net.gnn, intervened(self.causal.dec, z_c, protos))
+            l_gnn, l_edge = F.nll_loss(logp_g, y), edge_loss(sim, y)
+            self.log_dict({"train/l_gnn_do": l_gnn.detach(), "train/l_edge_do": l_edge.detach()})
+            loss = loss + h.lambda_node * l_gnn + h.lambda_edge * l_edge
+        return loss
 
     def shot_step(self, it: int, gen) -> Tensor:
         h = self.hparams
@@ -470,13 +551,24 @@ class U3CF(L.LightningModule):
             return backdoor_log_prob(self.net.fc, self.causal.dec, z_c, self.conf_protos)
         return F.log_softmax(self.net.fc(feats), -1)
 
+    def predict_gnn_log_probs(self, x: Tensor) -> Tensor:
+        """The graph branch (secondary; transductive over the batch: one graph over its images)."""
+        feats = self.net.features(x)
+        if self.method == "u3cf" and int(self.it) > self.num_targets * self.hparams.adapt_iters:
+            z_c = self.causal.encode(feats, None)[0]
+            return backdoor_gnn(self.net.gnn, intervened(self.causal.dec, z_c, self.conf_protos))[0]
+        return F.log_softmax(self.net.gnn(feats)[0], -1)
+
     def validation_step(self, batch, batch_idx):
         x, y, d = batch
         pred = self.predict_log_probs(x).argmax(1)
+        pred_g = self.predict_gnn_log_probs(x).argmax(1) if self.net.gnn is not None else None
         for m in range(self.num_targets):
             sel = d == m + 1
             if sel.any():
                 self.accs[m].update(pred[sel], y[sel])
+                if pred_g is not None:
+                    self.accs_gnn[m].update(pred_g[sel], y[sel])
 
     def on_validation_epoch_end(self) -> None:
         accs = []
@@ -486,6 +578,13 @@ class U3CF(L.LightningModule):
             accs.append(a)
             self.log(f"val/acc_{name}", a)
         self.log("val/acc_mean", torch.stack(accs).mean(), prog_bar=True)
+        if self.net.gnn is not None:  # reported beside the MLP branch, never used to pick one
+            accs_g = []
+            for name, metric in zip(self.target_names, self.accs_gnn):
+                accs_g.append(metric.compute())
+                metric.reset()
+                self.log(f"val/acc_gnn_{name}", accs_g[-1])
+            self.log("val/acc_gnn_mean", torch.stack(accs_g).mean())
         order = self.order.tolist()
         if (
             self.method in ("prototype_only", "u3cf")
@@ -505,7 +604,7 @@ def run_features(run_dir) -> tuple[Tensor, Tensor, list[str], Tensor, list[str]]
     """Bottleneck features h = F(x) (eval mode) of every source and target image of a U3CF run, from its
     checkpoint; domain index 0 is the source, m the m-th target; with the true classes (read for the figure
     only) and the class names. The DataModule is rebuilt from the checkpoint."""
-    from litlab.datamodules.domain import MultiTargetDigitsDataModule
+    from litlab.lit_modules.domain.contract import MultiTargetDigitsDataModule
     from litlab.lit_modules.domain.report import datamodule_from_checkpoint, run_checkpoint, sub_state
 
     ckpt = run_checkpoint(run_dir)
