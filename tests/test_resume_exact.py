@@ -132,6 +132,18 @@ SHORT = {
         ],
         "mid": "one (no-op) training batch per epoch: there is no mid-epoch point",
     },
+    "task_complexity": {  # a measurement: one training batch (the task's ordered examples) per epoch
+        "args": [
+            "--trainer.max_epochs=2",
+            "--model.init_args.base.pretrain_steps=50",
+            "--model.init_args.plan.icl_k=[1]",
+            "--model.init_args.plan.online_n=[5]",
+            "--model.init_args.plan.steps=3",
+            "--model.init_args.plan.lora_examples=5",
+            "--model.init_args.plan.lora_bits=[2]",
+        ],
+        "mid": "one (no-op) training batch per epoch: there is no mid-epoch point",
+    },
 }
 # the default suite: one per family, each a case that differed before the fixes (xkv: the two-epoch no-op run)
 FAST = {("lokra", "epoch"), ("lordo", "mid"), ("janus_lora", "mid"), ("dare", "mid"), ("xkv", "epoch")}

@@ -179,6 +179,8 @@ def frontiers():
 
 @pytest.mark.slow
 def test_post_and_pre_training_shorten_the_programs(frontiers):  # §7.7
+    # seed 0 only: 80 vs 1084 bits at 0.25, 17 vs 238 at 0.40; over the card's 3 seeds the post/pre factor is 14x,
+    # 2.8x and 2.5x and the claim does not clear its margin (seeds/task_complexity.yaml)
     pts = {s: [(r["bits_payload"], r["perf"]) for r in rows] for s, rows in frontiers.items()}
     assert TC.complexity(pts["pretrained"], 0.25) <= TC.complexity(pts["random"], 0.25) / 5
     assert TC.complexity(pts["posttrained"], 0.40) <= TC.complexity(pts["pretrained"], 0.40) / 5
