@@ -455,7 +455,7 @@ class TaskComplexity(L.LightningModule):
     """The rate–accuracy frontier of one checkpoint state on a ``TaskData`` task, measured in one fit.
 
     ``backbone="tiny_gpt"`` builds the ``state`` checkpoint of the CPU recipe from ``base`` (cached); another value
-    is a Hugging Face id or folder (full scale; fails at once offline naming it). The single training batch is the
+    is a Hugging Face id or folder at ``revision`` (full scale; fails at once offline naming it). The single training batch is the
     task's ordered examples; the strategies fine-tune copies, so ``self.model`` (the checkpoint) is never changed and
     the run's ``last.ckpt`` holds it (``litlab analyze complexity`` reads it back). Logs ``tc/<strategy>[<knob>]/bits``
     and ``/perf`` per point, and ``tc/<summary>`` (``summarize``: ``log2_C_<δ·100>``, ``max_perf``, ...); writes
@@ -468,6 +468,7 @@ class TaskComplexity(L.LightningModule):
         plan: StrategyPlan = PLAN,
         deltas: tuple[float, ...] = (0.25, 0.40),
         backbone: str = "tiny_gpt",
+        revision: str | None = None,
         figures: bool = True,
     ):
         super().__init__()
@@ -479,7 +480,7 @@ class TaskComplexity(L.LightningModule):
         else:  # full scale: a Hugging Face id or folder; fails at once offline naming what to download
             from litlab.lit_modules.core.hf import load_causal_lm
 
-            self.model = load_causal_lm(backbone, dtype="bfloat16")
+            self.model = load_causal_lm(backbone, dtype="bfloat16", revision=revision)
             raise NotImplementedError(
                 f"{backbone} loaded, but the tokenizer-aware strategies and the GSM8K / FLORES / IFEval "
                 "DataModules of the paper's scale are not built (the local sums tasks use litlab's character vocabulary)"
