@@ -3,20 +3,23 @@ in ``training_step``, the same ``RLDataModule``) against a plain PyTorch loop ca
 the same losses, networks and batch. Rounds are interleaved in one process so machine load hits both alike;
 both wall-clock and CPU (process) time are reported — on a shared machine the CPU-time ratio is the fair one.
 
-The Lightning side is the bare loop a module pays for: ``manual_backward`` and ``LightningOptimizer.step`` for
-each of the three optimisers (so precision plugins keep working), the step-index loader and its fetcher, and
-every per-batch/per-backward hook dispatch, with logging every 50 iterations — but no logger, progress bar,
+The Lightning side is the loop the RL modules run: ``steps_per_batch`` env steps (each with its update) per
+``training_step`` (``RLModule.training_step``), ``manual_backward`` and ``LightningOptimizer.step`` for each of
+the three optimisers (so precision plugins keep working; the actor and temperature losses share one backward,
+``RLModule.step_optimizers``, as ``SACAgent.update`` does), the step-index loader and its fetcher, and every
+per-batch/per-backward hook dispatch, with logging every 50 env steps — but no logger, progress bar,
 checkpoint or ``RLEvalCallback`` (a user's run adds those; their cost is the user's choice, not the loop's).
-The remaining overhead is Lightning's fixed dispatch per iteration (≈ 0.3 ms) and per manual optimiser step
-(≈ 0.13 ms) on CPU, independent of network width: a larger fraction with the 64-wide nets than with 256-wide
-ones.
+What remains is Lightning's fixed dispatch per ``training_step`` (≈ 0.3 ms, now shared by ``steps_per_batch``
+env steps) and per manual optimiser step (≈ 0.13 ms) on CPU, independent of network width: a larger fraction
+with the 64-wide nets than with 256-wide ones.
 
-    litlab bench rl_loop --steps 1000 --rounds 6 [--hidden 256 256 --batch-size 256]
+    litlab bench rl_loop --steps 1000 --rounds 6 [--steps-per-batch 8] [--hidden 256 256 --batch-size 256]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -50,6 +53,7 @@ class OnlineSAC(RLModule):
         batch_size: int = 128,
         learning_starts: int = 100,
         log_every: int = 50,
+        steps_per_batch: int = 8,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -65,12 +69,7 @@ class OnlineSAC(RLModule):
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         return self.agent.actor.act(obs, deterministic)
 
-    def _step(self, opt, loss: torch.Tensor) -> None:
-        opt.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        opt.step()
-
-    def training_step(self, idx, batch_idx: int) -> None:
+    def run_iteration(self, idx: int) -> None:
         hp, dm, ag = self.hparams, self.data, self.agent
         dm.collect(None if dm.env_steps < hp.learning_starts else (lambda o: ag.actor.act(o)))
         if dm.env_steps > hp.learning_starts:
@@ -78,13 +77,15 @@ class OnlineSAC(RLModule):
             batch = dm.sample_online(hp.batch_size)
             alpha = ag.log_alpha.exp().detach()
             loss_q = critic_loss(ag.critic, ag.critic_target, ag.actor, batch, batch["rew"], alpha, ag.gamma)
-            self._step(opt_critic, loss_q)
+            self.step_optimizers([(opt_critic, loss_q, None)])
             loss_pi, logp = actor_loss_per_sample(ag.actor, ag.critic, batch["obs"], alpha)
-            self._step(opt_actor, loss_pi.mean())
-            self._step(opt_alpha, temperature_loss(ag.log_alpha, logp, ag.target_entropy))
+            loss_alpha = temperature_loss(ag.log_alpha, logp, ag.target_entropy)
+            self.step_optimizers([(opt_actor, loss_pi.mean(), None), (opt_alpha, loss_alpha, None)])
             polyak_update(ag.critic, ag.critic_target, ag.polyak)
-            if (batch_idx + 1) % hp.log_every == 0:
-                self.log_dict({"train/loss_critic": loss_q, "env_steps": float(dm.env_steps)})
+            if (idx + 1) % hp.log_every == 0:
+                self.log_dict(
+                    {"train/loss_critic": loss_q, "env_steps": float(dm.env_steps), "step": float(idx)}
+                )
         dm.finish_iteration(idx)
 
 
@@ -106,15 +107,24 @@ def plain_loop(
 
 
 def lightning_loop(
-    env_id: str, steps: int, hidden: tuple[int, ...], batch_size: int, learning_starts: int, seed: int
+    env_id: str,
+    steps: int,
+    hidden: tuple[int, ...],
+    batch_size: int,
+    learning_starts: int,
+    seed: int,
+    steps_per_batch: int = 8,
 ) -> tuple[float, float]:
     L.seed_everything(seed, verbose=False)
     dm = RLDataModule(env_id=env_id, dataset_level=None, n_online_steps=steps, env_seed=seed)
-    model = OnlineSAC(hidden, batch_size=batch_size, learning_starts=learning_starts)
+    model = OnlineSAC(
+        hidden, batch_size=batch_size, learning_starts=learning_starts, steps_per_batch=steps_per_batch
+    )
     trainer = L.Trainer(
         max_epochs=1,
         accelerator="cpu",
         logger=False,
+        log_every_n_steps=1,  # as the RL configs: the module's log_every sets the cadence
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -142,11 +152,13 @@ def benchmark(
     hidden: tuple[int, ...] = (64, 64),
     batch_size: int = 128,
     learning_starts: int = 100,
+    steps_per_batch: int = 8,
 ) -> dict:
     torch.set_num_threads(1)
     plain, lit = [], []
+    lit_loop = functools.partial(lightning_loop, steps_per_batch=steps_per_batch)
     for r in range(rounds):  # interleaved, alternating which goes first
-        order = [(plain, plain_loop), (lit, lightning_loop)]
+        order = [(plain, plain_loop), (lit, lit_loop)]
         for out, fn in order if r % 2 == 0 else order[::-1]:
             out.append(fn(env_id, steps, hidden, batch_size, learning_starts, seed=r))
     ratio = lambda i: statistics.median(p[i] / q[i] for p, q in zip(plain, lit))  # noqa: E731
@@ -156,6 +168,7 @@ def benchmark(
         "rounds": rounds,
         "hidden": list(hidden),
         "batch_size": batch_size,
+        "steps_per_batch": steps_per_batch,
         "plain_steps_per_s_wall": [round(x[0], 1) for x in plain],
         "lightning_steps_per_s_wall": [round(x[0], 1) for x in lit],
         "plain_steps_per_s_cpu": [round(x[1], 1) for x in plain],
@@ -173,8 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument(
+        "--steps-per-batch", type=int, default=8, help="env steps per training_step of the Lightning loop"
+    )
     args = parser.parse_args(argv)
-    res = benchmark(args.env, args.steps, args.rounds, tuple(args.hidden), args.batch_size)
+    res = benchmark(
+        args.env,
+        args.steps,
+        args.rounds,
+        tuple(args.hidden),
+        args.batch_size,
+        steps_per_batch=args.steps_per_batch,
+    )
     print(json.dumps(res, indent=2))
     return 0
 

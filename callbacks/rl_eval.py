@@ -1,6 +1,8 @@
 """``RLEvalCallback``: deterministic evaluation episodes on a separate env every ``every_n_iterations`` loop
 iterations (and at the offline→online switch and the end), logged against ``env_steps``; plus periodic
-``last.ckpt`` saves, since an RL run is one long epoch and ModelCheckpoint would only save at its end.
+``last.ckpt`` saves, since an RL run is one long epoch and ModelCheckpoint would only save at its end. Both
+cadences are registered with the datamodule (``RLData.align_to``), so a module that runs several iterations
+per ``training_step`` still ends one exactly there.
 
 It reads the datamodule through the RL family's ``RLData`` contract (checked once in ``setup``) and the module
 through ``act(obs, deterministic)``."""
@@ -18,11 +20,11 @@ from litlab.lit_modules.rl.contract import RLData, check_acting_module, check_rl
 from litlab.lit_modules.rl.scores import normalized_score
 
 
-def logged_step(trainer: L.Trainer) -> int:
-    """The step Lightning logs training metrics at. No public name holds it (``global_step`` counts optimiser
-    steps, several per RL iteration): this is the one private Lightning name the RL family reads, and
-    tests/test_rl_core.py fails loudly when a Lightning release renames it."""
-    return trainer.fit_loop.epoch_loop._batches_that_stepped
+def logged_step(dm: RLData) -> int:
+    """The logger step of what is logged after the iteration just finished: its index, ``iteration − 1`` (the
+    RL modules log their training metrics at the same step, through a ``step`` entry; with one iteration per
+    ``training_step`` it is also the step Lightning itself would use)."""
+    return max(dm.iteration - 1, 0)
 
 
 class RLEvalCallback(L.Callback):
@@ -58,8 +60,12 @@ class RLEvalCallback(L.Callback):
         self._online_scores = [float(x) for x in state.get("online_scores", [])]
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        check_rl_data(trainer.datamodule, needs_offline=False, user="RLEvalCallback")
+        dm = check_rl_data(trainer.datamodule, needs_offline=False, user="RLEvalCallback")
         check_acting_module(pl_module, user="RLEvalCallback")
+        # a module running several iterations per training_step ends them at these cadences, so the
+        # evaluations and checkpoints fall on the iterations they fall on with one iteration per step
+        dm.align_to(self.every)
+        dm.align_to(self.ckpt_every)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
@@ -115,7 +121,7 @@ class RLEvalCallback(L.Callback):
             metrics["eval/score_auc"] = float(np.mean(self._online_scores))
         self.history.append(metrics)
         # straight to the loggers: an evaluation must not be dropped by log_every_n_steps
-        step = logged_step(trainer)
+        step = logged_step(dm)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
         for k, v in metrics.items():

@@ -3,11 +3,16 @@ training env and its collector, and a loader of step indices that drives the loo
 family's ``RLData`` contract (``litlab.lit_modules.rl.contract``).
 
 The env is stepped by the LightningModule inside ``training_step`` through ``collect`` — never in a DataLoader
-worker. The loader only yields iteration indices ``0 .. n_offline_steps + n_online_steps − 1``, starting at
+worker. The loader only yields iteration indices in ``0 .. n_offline_steps + n_online_steps − 1``, starting at
 the restored counter after a resume, so ``max_epochs: 1`` bounds the run (Lightning's ``global_step`` counts
-every optimiser step and cannot). ``state_dict`` (saved in every checkpoint) holds the online buffer as
-tensors, the iteration counter and the env-step counter, so a resumed run continues the online phase where it
-stopped.
+every optimiser step and cannot). Each index starts a *chunk* of up to ``steps_per_batch`` iterations (one
+iteration = one env step online, with its updates), which the module runs in one ``training_step``: Lightning's
+fixed cost per loop iteration is paid once per chunk. A chunk never crosses the offline→online switch, the end,
+or a multiple of any cadence registered with ``align_to`` (evaluation, checkpoint and logging cadences, in
+iterations), so whatever runs between batches still runs at exactly the iteration it ran at with one iteration
+per batch, and every checkpoint falls on a chunk end. ``state_dict`` (saved in every checkpoint) holds the
+online buffer as tensors, the iteration counter and the env-step counter, so a resumed run continues the online
+phase where it stopped.
 """
 
 from __future__ import annotations
@@ -32,9 +37,13 @@ class StepIndexDataset(IterableDataset):
         self.dm = dm
 
     def __iter__(self):
-        # Lightning asks for the next index before running the current step: count issued indices here, and
-        # let the module advance ``dm.iteration`` (the checkpointed counter) when a step is done.
-        yield from range(self.dm.iteration, self.dm.total_iterations)
+        # Lightning asks for the next index before running the current step: the chunks are a function of their
+        # start (``chunk_end``), so they are issued here, and the module advances ``dm.iteration`` (the
+        # checkpointed counter) as it runs each iteration of a chunk.
+        start = self.dm.iteration
+        while start < self.dm.total_iterations:
+            yield start
+            start = self.dm.chunk_end(start)
 
 
 class RLDataModule(L.LightningDataModule):
@@ -87,6 +96,8 @@ class RLDataModule(L.LightningDataModule):
         self.n_offline_steps, self.n_online_steps = n_offline_steps, n_online_steps
         self.total_iterations = n_offline_steps + n_online_steps
         self.iteration = 0
+        self.steps_per_batch = 1  # iterations per loader batch; the module sets it (``set_steps_per_batch``)
+        self.cadences: set[int] = set()  # chunks end at every multiple of these (``align_to``)
         self.offline: dict[str, torch.Tensor] | None = None
         self.online: ReplayBuffer | None = None
         self.collector: Collector | None = None
@@ -240,6 +251,33 @@ class RLDataModule(L.LightningDataModule):
 
     def finish_iteration(self, idx: int) -> None:
         self.iteration = int(idx) + 1
+
+    # ---- the loop's chunks -----------------------------------------------------------------------
+    def set_steps_per_batch(self, k: int) -> None:
+        """Up to ``k`` iterations per loader batch (``training_step``)."""
+        if k < 1:
+            raise ValueError(f"steps_per_batch must be >= 1, got {k}")
+        self.steps_per_batch = int(k)
+
+    def align_to(self, every: int | None) -> None:
+        """Chunks end at every multiple of ``every`` iterations (None/0: no constraint)."""
+        if every:
+            self.cadences.add(int(every))
+
+    def chunk_end(self, start: int) -> int:
+        """The end (exclusive) of the chunk of iterations that starts at ``start``: ``start +
+        steps_per_batch``, cut at the end of the run, at the offline→online switch and at the next multiple
+        of each registered cadence."""
+        stop = min(start + self.steps_per_batch, self.total_iterations)
+        if start < self.n_offline_steps:
+            stop = min(stop, self.n_offline_steps)
+        for every in self.cadences:
+            stop = min(stop, (start // every + 1) * every)
+        return stop
+
+    def chunk(self, start: int) -> range:
+        """The iterations of the chunk that starts at ``start``."""
+        return range(int(start), self.chunk_end(int(start)))
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(StepIndexDataset(self), batch_size=None, num_workers=0)

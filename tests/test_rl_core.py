@@ -333,19 +333,103 @@ def test_rl_data_contract_names_the_class_and_the_missing_member():
         trainer.fit(BehaviorCloning(hidden=(8, 8)), online_only)
 
 
-def test_the_one_private_lightning_name_the_family_reads():
-    """``RLEvalCallback`` logs at ``fit_loop.epoch_loop._batches_that_stepped`` (no public name holds the
-    logging step): this fails loudly when a Lightning release renames or changes it."""
-    from litlab.callbacks.rl_eval import logged_step
+def test_chunks_end_at_the_phase_switch_the_end_and_every_cadence():
     from litlab.datamodules.rl import RLDataModule
-    from litlab.lit_modules.rl.ngt import BehaviorCloning
 
-    dm = RLDataModule(
-        env_id="Pendulum-v1", dataset_level="expert", num_demos=1, n_offline_steps=7, n_online_steps=0
-    )
-    trainer = quiet_trainer()
-    trainer.fit(BehaviorCloning(hidden=(8, 8), batch_size=8), dm)
-    assert logged_step(trainer) == 7 == dm.iteration
+    dm = RLDataModule(env_id="Pendulum-v1", dataset_level=None, n_offline_steps=10, n_online_steps=45)
+    dm.set_steps_per_batch(8)
+    dm.align_to(25)
+    dm.align_to(None)
+    starts, i = [], 0
+    while i < dm.total_iterations:
+        starts.append(i)
+        assert len(dm.chunk(i)) >= 1
+        i = dm.chunk_end(i)
+    assert starts == [0, 8, 10, 18, 25, 33, 41, 49, 50]
+    with pytest.raises(ValueError, match="steps_per_batch must be >= 1"):
+        dm.set_steps_per_batch(0)
+
+
+@pytest.mark.parametrize("module", ["dare", pytest.param("ngt", marks=pytest.mark.slow)])
+def test_steps_per_batch_changes_no_number_and_no_logging_step(module, tmp_path):
+    """Several iterations per training_step (and one backward for disjoint losses) give bit for bit the
+    weights, optimiser states, data-module state and logged (metric, step) entries of one iteration per
+    step, with evaluation and checkpoint cadences that are not multiples of steps_per_batch."""
+    import csv
+
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from litlab.callbacks.rl_eval import RLEvalCallback
+    from litlab.datamodules.rl import RLDataModule
+    from litlab.lit_modules.rl import dare, ngt
+
+    def run(k: int, log_every_n_steps: int):
+        L.seed_everything(0, verbose=False)
+        if module == "dare":
+            dm = RLDataModule(
+                env_id="Pendulum-v1", dataset_level="medium", n_offline_steps=12, n_online_steps=20
+            )
+            model = dare.DARE(
+                networks=dare.Networks(hidden=(8, 8)),
+                optim=dare.Optim(batch_offline=8, batch_online=8),
+                log_every=10,
+                steps_per_batch=k,
+            )
+        else:
+            dm = RLDataModule(
+                env_id="Pendulum-v1",
+                dataset_level="expert",
+                num_demos=1,
+                subsampling_rate=10,
+                n_online_steps=50,
+            )
+            model = ngt.NGT(
+                reward_model=ngt.RewardModel(hidden=(8, 8), out_emb_dim=4),
+                sac=ngt.SACSettings(hidden=(8, 8)),
+                schedule=ngt.Schedule(batch_size=8, expert_batch_size=8, learning_starts=10),
+                log_every=10,
+                steps_per_batch=k,
+            )
+        out = tmp_path / f"k{k}"
+        trainer = L.Trainer(
+            max_epochs=1,
+            accelerator="cpu",
+            logger=CSVLogger(out, name="", version=""),
+            log_every_n_steps=log_every_n_steps,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[
+                RLEvalCallback(every_n_iterations=15, n_episodes=1, checkpoint_every_n_iterations=None)
+            ],
+        )
+        trainer.fit(model, dm)
+        with open(out / "metrics.csv") as f:
+            logged = {
+                (k, r["step"], v) for r in csv.DictReader(f) for k, v in r.items() if v and k != "epoch"
+            }
+        state = {
+            **model.state_dict(),
+            **{f"opt{i}": o.state_dict() for i, o in enumerate(trainer.optimizers)},
+        }
+        return state, dm.state_dict(), logged
+
+    def same(a, b) -> bool:
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and torch.equal(a, b)
+        if isinstance(a, dict):
+            return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return a == b or (a != a and b != b)  # nan == nan
+
+    one, many = run(1, 10), run(8, 1)
+    assert same(many[0], one[0]) and same(many[1], one[1])
+    assert many[2] == one[2] and any(k == "eval/return" for k, _, _ in one[2])
+    # DARE logs from the first iteration, NGT after learning_starts
+    train_steps = {"9", "19", "29"} if module == "dare" else {"19", "29", "39", "49"}
+    assert {s for k, s, _ in one[2] if k.startswith("train/")} == train_steps
 
 
 def test_missing_data_set_without_an_analytic_route_names_the_command(tmp_path, monkeypatch):

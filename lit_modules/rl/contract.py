@@ -73,10 +73,12 @@ class RLData(Protocol):
     """The datamodule of an RL run, as the family's modules and ``RLEvalCallback`` use it (after its
     ``setup``).
 
-    The loop is driven by a loader of iteration indices ``0 .. total_iterations − 1``: iterations below
-    ``n_offline_steps`` are offline (no env step), the rest online. The module steps the training env itself
-    (``collect``) and calls ``finish_iteration(idx)`` when an iteration is done; ``iteration`` is that
-    counter.
+    The loop is driven by a loader of iteration indices in ``0 .. total_iterations − 1``: iterations below
+    ``n_offline_steps`` are offline (no env step), the rest online. Each index the loader yields starts a chunk
+    of up to ``steps_per_batch`` iterations (``chunk(idx)``) that the module runs in one ``training_step``; a
+    chunk ends at every multiple of a cadence given to ``align_to`` (the module's logging cadence, the
+    callback's evaluation and checkpoint cadences). The module steps the training env itself (``collect``) and
+    calls ``finish_iteration(idx)`` when an iteration is done; ``iteration`` is that counter.
     """
 
     # the env and its spaces
@@ -103,6 +105,15 @@ class RLData(Protocol):
     def last_episode_return(self) -> float: ...  # undiscounted, unscaled; nan before the first episode ends
 
     def finish_iteration(self, idx: int) -> None: ...
+
+    # the loop's chunks (several iterations per training_step)
+    steps_per_batch: int
+
+    def set_steps_per_batch(self, k: int) -> None: ...
+
+    def align_to(self, every: int | None) -> None: ...  # chunks end at every multiple of ``every``
+
+    def chunk(self, start: int) -> range: ...  # the iterations of the chunk the loader's index starts
 
     # online data
     @property

@@ -182,11 +182,14 @@ class DARE(RLModule):
         iql: IQLSettings = IQL_SETTINGS,
         optim: Optim = OPTIM,
         log_every: int = 50,
+        steps_per_batch: int = 8,
         obs_dim: int | None = None,
         act_dim: int | None = None,
     ):
-        """``mask_mode`` picks DARE or one of its two baselines; ``obs_dim``/``act_dim`` default to the
-        datamodule's env (the networks are then built in ``setup``)."""
+        """``mask_mode`` picks DARE or one of its two baselines; ``log_every``: iterations between training
+        logs; ``steps_per_batch``: iterations (env steps online, each with its updates) per
+        ``training_step`` (``RLModule.training_step``; the numbers do not depend on it); ``obs_dim``/``act_dim``
+        default to the datamodule's env (the networks are then built in ``setup``)."""
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
@@ -320,13 +323,8 @@ class DARE(RLModule):
         self.behavior.requires_grad_(False).eval()
         self.online_phase = True
 
-    def _step(self, opt, loss: torch.Tensor) -> None:
-        opt.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        opt.step()
-
-    def training_step(self, idx, batch_idx: int) -> None:
-        hp, dm, idx = self.hparams, self.data, int(idx)
+    def run_iteration(self, idx: int) -> None:
+        hp, dm = self.hparams, self.data
         n_off, n_on = self.optim.batch_offline, self.optim.batch_online
         online = idx >= dm.n_offline_steps
         if online and not self.online_phase:
@@ -350,16 +348,18 @@ class DARE(RLModule):
         opt_actor, opt_critic, opt_value, opt_behavior = self.optimizers()
         # step 10, CORL's IQL order: value, actor, critic; each loss after the previous step
         loss_v = iql.value_loss(self.value, self.critic_target, batch, self.iql.expectile)
-        self._step(opt_value, loss_v)
+        self.step_optimizers([(opt_value, loss_v, None)])
         loss_pi = self.actor_loss(batch, mask)  # step 9
-        self._step(opt_actor, loss_pi)
+        self.step_optimizers([(opt_actor, loss_pi, None)])
         loss_q = iql.critic_loss(self.critic, self.value, batch, self.iql.gamma)
-        self._step(opt_critic, loss_q)
-        polyak_update(self.critic, self.critic_target, self.iql.polyak)
+        steps = [(opt_critic, loss_q, None)]
         loss_b = None
         if not online:  # Stage A: behaviour model trained on D_off alongside the offline IQL steps
+            # its loss reaches only the behaviour model, the critic's only the critic: one backward for both
             loss_b = self.behavior.loss(batch["obs"], batch["act"])
-            self._step(opt_behavior, loss_b)
+            steps.append((opt_behavior, loss_b, None))
+        self.step_optimizers(steps)
+        polyak_update(self.critic, self.critic_target, self.iql.polyak)
         if stats:
             self.mechanism.append(
                 torch.stack(
@@ -373,8 +373,9 @@ class DARE(RLModule):
                 )
             )
         dm.finish_iteration(idx)
-        if (batch_idx + 1) % hp.log_every == 0:
+        if (idx + 1) % hp.log_every == 0:
             logs = {
+                "step": float(idx),  # the logger's x-axis: the iteration, not the training_step
                 "train/loss_value": loss_v,
                 "train/loss_actor": loss_pi,
                 "train/loss_critic": loss_q,

@@ -1,10 +1,17 @@
 """``RLModule``: what the family's LightningModules share — the datamodule read through the ``RLData``
-contract (checked once in ``setup``) and networks built once for the env's dimensions."""
+contract (checked once in ``setup``), networks built once for the env's dimensions, the loop's chunks (several
+iterations per ``training_step``) and optimiser steps whose losses share one backward pass."""
 
 from __future__ import annotations
 
+import functools
+import operator
+from collections.abc import Sequence
+
 import lightning as L
 import torch
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.utilities import rank_zero_warn
 
 from litlab.lit_modules.rl.contract import RLData, check_rl_data
 
@@ -19,6 +26,49 @@ class RLModule(L.LightningModule):
     def build(self, obs_dim: int, act_dim: int) -> None:
         raise NotImplementedError
 
+    def run_iteration(self, idx: int) -> None:
+        """One loop iteration (online: one env step and its updates); it ends with
+        ``self.data.finish_iteration(idx)``. Modules under manual optimisation implement it; ``training_step``
+        runs it for each iteration of the loader's chunk."""
+        raise NotImplementedError
+
+    def training_step(self, idx, batch_idx: int) -> None:
+        """The chunk of iterations that starts at ``idx``: ``steps_per_batch`` of them, fewer where a chunk
+        ends at the phase switch, the run's end or a cadence (``RLData.chunk``). Lightning's fixed cost per
+        loop iteration (batch fetch, hooks, logger connector) is paid once per chunk; step counters, logging,
+        evaluation and checkpoints stay counted in iterations (env steps), and every iteration runs the same
+        operations in the same order as with one iteration per batch, so the numbers do not change with
+        ``steps_per_batch``."""
+        for i in self.data.chunk(idx):
+            self.run_iteration(i)
+
+    @property
+    def steps_per_batch(self) -> int:
+        return int(self.hparams.get("steps_per_batch", 1))
+
+    def step_optimizers(self, steps: Sequence[tuple[LightningOptimizer, torch.Tensor, float | None]]) -> None:
+        """One optimiser step per ``(optimizer, loss, clip_norm)`` (``clip_norm``: gradient-norm clip of that
+        optimiser's parameters, None: none), in order. The losses must have disjoint gradients for the
+        optimisers' parameters (each loss reaches only its own optimiser's parameters, or others' that are
+        re-zeroed before they are next stepped) and be computed from parameters none of the earlier steps
+        changes. Then one ``manual_backward`` of their sum gives each parameter exactly the gradient of its
+        own loss (the sum's backward passes the unit gradient to each term unchanged), so the steps are bit
+        for bit those of one backward per loss, at one backward's fixed cost. Under a gradient scaler (16-bit
+        mixed precision) the precision plugin updates the scale after each optimiser step, which would unscale
+        the later optimisers' gradients by a changed scale: there, one backward per loss."""
+        merge = len(steps) > 1 and getattr(self.trainer.precision_plugin, "scaler", None) is None
+        if merge:
+            for opt, _, _ in steps:
+                opt.zero_grad(set_to_none=True)
+            self.manual_backward(functools.reduce(operator.add, [loss for _, loss, _ in steps]))
+        for opt, loss, clip_norm in steps:
+            if not merge:
+                opt.zero_grad(set_to_none=True)
+                self.manual_backward(loss)
+            if clip_norm is not None:
+                self.clip_gradients(opt, gradient_clip_val=clip_norm, gradient_clip_algorithm="norm")
+            opt.step()
+
     @property
     def data(self) -> RLData:
         return self.trainer.datamodule
@@ -32,6 +82,15 @@ class RLModule(L.LightningModule):
             raise ValueError(
                 f"{name} was built for (obs_dim, act_dim) = {self.dims}; the datamodule's {dm.env_id} has "
                 f"{(dm.obs_dim, dm.act_dim)}"
+            )
+        dm.set_steps_per_batch(self.steps_per_batch)
+        dm.align_to(self.hparams.get("log_every"))  # a chunk ends at each logging point
+        if self.steps_per_batch > 1 and self.trainer.log_every_n_steps != 1:
+            rank_zero_warn(
+                f"{name} runs up to steps_per_batch={self.steps_per_batch} iterations per training_step, and "
+                f"trainer.log_every_n_steps={self.trainer.log_every_n_steps} counts training_steps: most "
+                "of the module's logging points (every log_every iterations) are not written to the logger. "
+                "Set trainer.log_every_n_steps: 1 (log_every then sets the cadence, in iterations)."
             )
 
 

@@ -87,10 +87,13 @@ class NGT(RLModule):
         sac: SACSettings = SAC_SETTINGS,
         schedule: Schedule = SCHEDULE,
         log_every: int = 50,
+        steps_per_batch: int = 8,
         obs_dim: int | None = None,
         act_dim: int | None = None,
     ):
-        """``adv_scale``: λ_adv, the weight of the agent term of the reward objective (0: RED)."""
+        """``adv_scale``: λ_adv, the weight of the agent term of the reward objective (0: RED);
+        ``log_every``: env steps between training logs; ``steps_per_batch``: env steps (each with its updates)
+        per ``training_step`` (``RLModule.training_step``; the numbers do not depend on it)."""
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
@@ -156,14 +159,7 @@ class NGT(RLModule):
         """r = shaping(h(x)) with the current predictor, for every sampled batch (never stored)."""
         return self.shaper(self.reward_net.potential(self.reward_input(batch)).squeeze(-1))
 
-    def _step(self, opt, loss: torch.Tensor, clip: bool = False) -> None:
-        opt.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        if clip:
-            self.clip_gradients(opt, gradient_clip_val=self.sac.clip_norm, gradient_clip_algorithm="norm")
-        opt.step()
-
-    def training_step(self, idx, batch_idx: int) -> None:
+    def run_iteration(self, idx: int) -> None:
         """One env step, then (after the random warm-up) one predictor, critic, actor and temperature step, as
         the released code's ``orchestrator.train``."""
         hp, dm, sched = self.hparams, self.data, self.schedule
@@ -179,7 +175,7 @@ class NGT(RLModule):
         agent = dm.sample_online(sched.batch_size, self.device)
         expert = dm.sample_offline(min(sched.expert_batch_size, dm.offline_size), self.device)
         loss_r = self.reward_loss(expert, agent)
-        self._step(opt_reward, loss_r)
+        self.step_optimizers([(opt_reward, loss_r, None)])
         batch = dm.sample_online(
             sched.batch_size, self.device
         )  # fresh batch, rewarded by the updated predictor
@@ -189,13 +185,15 @@ class NGT(RLModule):
         loss_q = critic_loss(
             self.critic, self.critic_target, self.actor, normed, reward, alpha, self.sac.gamma
         )
-        self._step(opt_critic, loss_q, clip=True)
+        self.step_optimizers([(opt_critic, loss_q, self.sac.clip_norm)])
         polyak_update(self.critic, self.critic_target, self.sac.polyak)
         loss_pi, logp = actor_loss_per_sample(self.actor, self.critic, normed["obs"], alpha)
-        self._step(opt_actor, loss_pi.mean(), clip=True)
-        self._step(opt_alpha, temperature_loss(self.log_alpha, logp, self.target_entropy))
+        # α is detached in the actor loss and log π in the temperature loss: disjoint gradients, one backward
+        # (the actor loss's gradient on the critic is cleared before the next critic step)
+        loss_alpha = temperature_loss(self.log_alpha, logp, self.target_entropy)
+        self.step_optimizers([(opt_actor, loss_pi.mean(), self.sac.clip_norm), (opt_alpha, loss_alpha, None)])
         dm.finish_iteration(idx)
-        if (batch_idx + 1) % hp.log_every == 0:
+        if (idx + 1) % hp.log_every == 0:
             with torch.no_grad():
                 h_expert = self.reward_net.potential(self.reward_input(expert)).mean()
                 h_agent = self.reward_net.potential(self.reward_input(agent)).mean()
@@ -209,6 +207,7 @@ class NGT(RLModule):
                 "ngt/h_agent": h_agent,
                 "ngt/h_gap": h_agent - h_expert,
                 "env_steps": float(dm.env_steps),
+                "step": float(idx),  # the logger's x-axis: the iteration, not the training_step
             }
             if dm.episodes:
                 logs["train/episode_return"] = dm.last_episode_return
@@ -217,7 +216,8 @@ class NGT(RLModule):
 
 class BehaviorCloning(RLModule):
     """The behaviour-cloning baseline of NGT (arXiv 2509.26294): maximum likelihood of the expert actions, one
-    step per loop iteration; no env steps (the data module's ``n_offline_steps`` sets the budget)."""
+    step per loop iteration and one iteration per ``training_step`` (automatic optimisation); no env steps (the
+    data module's ``n_offline_steps`` sets the budget)."""
 
     def __init__(
         self,
@@ -250,6 +250,6 @@ class BehaviorCloning(RLModule):
         batch = dm.sample_offline(min(self.hparams.batch_size, dm.offline_size), self.device)
         loss = -self.actor.log_prob(batch["obs"], batch["act"]).mean()
         dm.finish_iteration(idx)
-        if (batch_idx + 1) % self.hparams.log_every == 0:
+        if (int(idx) + 1) % self.hparams.log_every == 0:
             self.log_dict({"train/loss_bc": loss, "env_steps": float(dm.env_steps)})
         return loss

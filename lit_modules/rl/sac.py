@@ -92,12 +92,13 @@ class SACAgent(nn.Module):
         loss_q.backward()
         self.opt_critic.step()
         loss_pi, logp = actor_loss_per_sample(self.actor, self.critic, batch["obs"], alpha)
-        self.opt_actor.zero_grad(set_to_none=True)
-        loss_pi.mean().backward()
-        self.opt_actor.step()
         loss_alpha = temperature_loss(self.log_alpha, logp, self.target_entropy)
+        self.opt_actor.zero_grad(set_to_none=True)
         self.opt_alpha.zero_grad(set_to_none=True)
-        loss_alpha.backward()
+        # α is detached in the actor loss, log π in the temperature loss: disjoint gradients, one backward
+        # (bit for bit the two separate ones)
+        (loss_pi.mean() + loss_alpha).backward()
+        self.opt_actor.step()
         self.opt_alpha.step()
         polyak_update(self.critic, self.critic_target, self.polyak)
         return {"critic": float(loss_q), "actor": float(loss_pi.mean()), "alpha": float(alpha)}
