@@ -29,6 +29,7 @@ SHORT_BASE = {
     "lokra": ["--model.init_args.base.pretrain_steps=50"],
     "csplora": ["--model.init_args.base.epochs=1"],
     "task_complexity": ["--model.init_args.base.pretrain_steps=50"],
+    "scns": ["--model.init_args.base.pretrain_steps=5"],
 }
 
 

@@ -1,0 +1,63 @@
+"""What the diffusion family reads from its DataModule, written down and checked once at setup.
+
+* ``ConceptStreamData``  a base world to pre-train a small text-to-image base on (``base_batch``,
+                         ``data_key``, ``vocab``, ``seq_len``, ``image_size``), a sequence of concepts with
+                         their training images, prompts, token rows and held-out grids, generic calibration
+                         prompts, and the task of each epoch of the one fit that walks the sequence.
+
+``litlab.datamodules.continual_concepts.ContinualConceptDataModule`` is the one the project ships; this is the
+only file of the family that imports ``datamodules/``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from litlab.datamodules.continual_concepts import CIFC_LAYOUT, tokenize
+from litlab.lit_modules.core.contracts import check_protocol
+
+__all__ = ["CIFC_LAYOUT", "ConceptStreamData", "check_data", "tokenize"]
+
+
+@runtime_checkable
+class ConceptStreamData(Protocol):
+    num_concepts: int
+    image_size: int
+    seq_len: int
+    vocab: tuple[str, ...]
+    eval_timesteps: list[int]
+
+    def data_key(self) -> dict:
+        """Everything that shapes the base world (the cached base's key)."""
+        ...
+
+    def base_batch(self, batch_size: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Base-world images and prompt ids (pre-training of the quick-scale base)."""
+        ...
+
+    def base_eval_set(self, gen_seed: int = 12345) -> tuple[Tensor, Tensor]: ...
+
+    def task_of_epoch(self, epoch: int) -> int: ...
+
+    def task_images(self, t: int) -> Tensor: ...
+
+    def concept_prompt(self, t: int) -> str: ...
+
+    def class_prompt(self, t: int) -> str: ...
+
+    def token_ids(self, t: int) -> tuple[int, int]:
+        """(row of <V_t>, row of its class word) in the text encoder's embedding."""
+        ...
+
+    def heldout(self, t: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Concept t's held-out (images, timesteps, noise) grid."""
+        ...
+
+    def calibration_prompts(self) -> list[str]: ...
+
+
+def check_data(dm: object, user: str) -> None:
+    check_protocol(dm, ConceptStreamData, user)

@@ -1,0 +1,140 @@
+"""DDPM training on diffusers' schedulers, and the small text-to-image bases of the quick scale.
+
+* ``ddpm_losses(unet, scheduler, x0, cond, t, noise)``: the ε-prediction loss
+  ``|| ε − ε_θ(√ᾱ_t x0 + √(1−ᾱ_t) ε, t, c) ||²`` per sample (Ho et al. 2020), the noising done by the
+  scheduler's own ``add_noise`` (``diffusers.DDPMScheduler``); nothing of the schedule is re-derived here.
+* ``TinyT2I``: the quick-scale base — a diffusers ``UNet2DConditionModel`` and a ``transformers.CLIPTextModel``
+  built from configs (random init, nothing downloaded), pre-trained jointly here on the base world of the
+  DataModule and cached once per (architecture, recipe, data, seed) through ``core.pretrain.train_and_cache``.
+* ``load_pretrained_t2i(model_id)``: the full-scale UNet / text encoder / VAE / scheduler of a diffusers
+  checkpoint (e.g. ``stable-diffusion-v1-5/stable-diffusion-v1-5``), from a folder or the local cache; offline
+  without it, ``ModelUnavailableError`` names it at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.pretrain import train_and_cache
+
+
+@config_part
+class TinyT2IConfig:
+    """The quick-scale base: a UNet2DConditionModel (``block_out_channels``, one layer per block, cross-attention
+    in every block) and a CLIP text encoder of width ``text_dim``; pre-trained ``pretrain_steps`` AdamW steps."""
+
+    block_out_channels: tuple[int, ...] = (16, 32)
+    attention_head_dim: int = 8
+    norm_num_groups: int = 8
+    text_dim: int = 32
+    text_layers: int = 2
+    text_heads: int = 4
+    num_train_timesteps: int = 1000
+    pretrain_steps: int = 200
+    pretrain_batch: int = 16
+    pretrain_lr: float = 1e-3
+
+
+def make_scheduler(num_train_timesteps: int = 1000):
+    from diffusers import DDPMScheduler
+
+    return DDPMScheduler(
+        num_train_timesteps=num_train_timesteps, beta_schedule="linear", prediction_type="epsilon"
+    )
+
+
+def ddpm_losses(unet: nn.Module, scheduler, x0: Tensor, cond: Tensor, t: Tensor, noise: Tensor) -> Tensor:
+    """Per-sample ε-MSE (B,) at timesteps ``t`` with the given ``noise``."""
+    noisy = scheduler.add_noise(x0, noise, t)
+    pred = unet(noisy, t, encoder_hidden_states=cond).sample
+    return ((pred.float() - noise.float()) ** 2).flatten(1).mean(1)
+
+
+class TinyT2I(nn.Module):
+    """UNet2DConditionModel + CLIPTextModel of the quick scale (see the module docstring)."""
+
+    def __init__(self, cfg: TinyT2IConfig, image_size: int, vocab_size: int, seq_len: int):
+        super().__init__()
+        from diffusers import UNet2DConditionModel
+        from transformers import CLIPTextConfig, CLIPTextModel
+
+        n = len(cfg.block_out_channels)
+        self.unet = UNet2DConditionModel(
+            sample_size=image_size,
+            in_channels=3,
+            out_channels=3,
+            layers_per_block=1,
+            block_out_channels=tuple(cfg.block_out_channels),
+            down_block_types=("CrossAttnDownBlock2D",) * n,
+            up_block_types=("CrossAttnUpBlock2D",) * n,
+            cross_attention_dim=cfg.text_dim,
+            attention_head_dim=cfg.attention_head_dim,
+            norm_num_groups=cfg.norm_num_groups,
+        )
+        self.text_encoder = CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=vocab_size,
+                hidden_size=cfg.text_dim,
+                intermediate_size=2 * cfg.text_dim,
+                num_hidden_layers=cfg.text_layers,
+                num_attention_heads=cfg.text_heads,
+                max_position_embeddings=seq_len,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+            )
+        )
+
+    def encode(self, ids: Tensor) -> Tensor:
+        return self.text_encoder(input_ids=ids).last_hidden_state
+
+
+def pretrained_tiny_t2i(cfg: TinyT2IConfig, dm: Any, seed: int) -> TinyT2I:
+    """The base, trained on ``dm.base_batch`` (one thread, cached; a second call in any process loads it)."""
+    args = {"cfg": dataclasses.asdict(cfg), "data": dm.data_key(), "vocab": list(dm.vocab), "seed": seed}
+    scheduler = make_scheduler(cfg.num_train_timesteps)
+
+    def build() -> TinyT2I:
+        return TinyT2I(cfg, dm.image_size, len(dm.vocab), dm.seq_len)
+
+    def train(model: TinyT2I) -> None:
+        gen = torch.Generator().manual_seed(seed + 17)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, weight_decay=0.0)
+        model.train()
+        for _ in range(cfg.pretrain_steps):
+            x0, ids = dm.base_batch(cfg.pretrain_batch, gen)
+            t = torch.randint(0, cfg.num_train_timesteps, (len(x0),), generator=gen)
+            noise = torch.randn(x0.shape, generator=gen)
+            loss = ddpm_losses(model.unet, scheduler, x0, model.encode(ids), t, noise).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        model.eval()
+
+    return train_and_cache("scns-tiny-t2i", args, seed, build, train, threads=1)
+
+
+def load_pretrained_t2i(model_id: str, revision: str | None = None) -> dict[str, Any]:
+    """UNet, text encoder, tokenizer, VAE and DDPM scheduler of a diffusers text-to-image checkpoint."""
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    from litlab.lit_modules.core.hf import load_from_folder_cache_or_hub
+
+    what = "the diffusion base"
+    parts = {
+        "unet": (UNet2DConditionModel.from_pretrained, "unet"),
+        "text_encoder": (CLIPTextModel.from_pretrained, "text_encoder"),
+        "tokenizer": (CLIPTokenizer.from_pretrained, "tokenizer"),
+        "vae": (AutoencoderKL.from_pretrained, "vae"),
+        "scheduler": (DDPMScheduler.from_pretrained, "scheduler"),
+    }
+    return {
+        k: load_from_folder_cache_or_hub(load, model_id, revision, f"{what} ({sub})", subfolder=sub)
+        for k, (load, sub) in parts.items()
+    }

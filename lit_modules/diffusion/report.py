@@ -1,0 +1,73 @@
+"""Report helpers of the diffusion family's cards (``CardResult`` in, ``ReportExtras`` out).
+
+``frontier_report`` reads every seed's ``summary.json`` of the named runs and draws the stability-plasticity
+plane (forgetting against plasticity, mean ± std over seeds), joining the runs of a ``sweep`` (e.g. SCNS at
+lambda 0, 10, 1000) by a line, with the same numbers as a markdown table. It derives no number a claim reads.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from litlab.lit_modules.core.results import CardResult, ReportExtras
+
+
+def _per_run(result: CardResult, name: str, keys: list[str]) -> dict[str, list[float]]:
+    out = {k: [] for k in keys}
+    for seed_run in result.runs[name].runs:
+        metrics = seed_run.summary_metrics()
+        for k in keys:
+            if k in metrics:
+                out[k].append(float(metrics[k]))
+    return out
+
+
+def _ms(v: list[float]) -> tuple[float, float]:
+    if not v:
+        return float("nan"), 0.0
+    return statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0
+
+
+def frontier_report(
+    result: CardResult,
+    out_dir,
+    slug: str,
+    runs: dict[str, str],
+    sweep: list[str],
+    fg: str = "val/forgetting",
+    pl: str = "val/plasticity",
+    extra: tuple[str, ...] = ("val/neurons", "val/changed_frac", "val/risk_sum", "val/base_drift"),
+) -> ReportExtras:
+    """``runs``: card run name -> label (any entry of the fit; its summary holds every metric)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = {n: label for n, label in runs.items() if n in result.runs}
+    if not present:
+        return ReportExtras()
+    keys = [fg, pl, *extra]
+    table = {n: _per_run(result, n, keys) for n in present}
+    fig, ax = plt.subplots(figsize=(4.6, 3.4))
+    for n, label in present.items():
+        (fx, sx), (fy, sy) = _ms(table[n][pl]), _ms(table[n][fg])
+        ax.errorbar(fx, fy, xerr=sx, yerr=sy, fmt="o", capsize=2, label=label)
+    pts = [(_ms(table[n][pl])[0], _ms(table[n][fg])[0]) for n in sweep if n in present]
+    if len(pts) > 1:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "k--", lw=0.8)
+    ax.set_xlabel("plasticity PL (higher = learns more)")
+    ax.set_ylabel("forgetting FG (lower = better)")
+    ax.legend(fontsize=6)
+    ax.set_title(f"{slug}: stability-plasticity, mean ± std over seeds {result.seeds}", fontsize=8)
+    fig.tight_layout()
+    path = Path(out_dir) / f"{slug}_frontier.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    short = [k.split("/")[-1] for k in keys]
+    lines = [f"| run | {' | '.join(short)} |", "|---|" + "---|" * len(keys)]
+    for n, label in present.items():
+        cells = [f"{m:.4g} ± {s:.2g}" for m, s in (_ms(table[n][k]) for k in keys)]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return ReportExtras(figures=[path], markdown="### Stability-plasticity\n\n" + "\n".join(lines) + "\n")

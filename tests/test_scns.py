@@ -1,0 +1,343 @@
+"""SCNS (Submodular Concept Neuron Selection, ICML 2026): the acceptance checks of its reconstruction.
+
+Fast: facility-location invariants, greedy correctness (lazy = naive, plain greedy, (1 - 1/e) bound), risk
+steering, the stopping rule, the Fisher closed form, the row-delta branch, the config parse and the full-scale
+config failing offline. The toy-task checks (sparsity / freezing, fusion-free) run one short stream on a tiny
+base; the effect checks against the baselines are ``slow`` (they are the card's claims, run by
+``litlab repro scns``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from litlab.lit_modules.diffusion.neurons import (
+    RowDeltaBranch,
+    attach_row_deltas,
+    diag_empirical_fisher,
+    ground_set,
+    merge_row_deltas,
+    neuron_fisher,
+    per_sample_row_grads,
+)
+from litlab.lit_modules.diffusion.scns import accumulate_risk, general_neurons, similarity
+from litlab.lit_modules.diffusion.submodular import (
+    FacilityLocation,
+    cost_aware_greedy,
+    plain_greedy,
+    risk_costs,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def random_fl(n: int, seed: int) -> FacilityLocation:
+    g = torch.Generator().manual_seed(seed)
+    s = torch.rand(n, n, generator=g, dtype=torch.float64) ** 2
+    s.fill_diagonal_(1.0)
+    w = torch.rand(n, generator=g, dtype=torch.float64)
+    return FacilityLocation(s, w / w.sum())
+
+
+# ---- §7.1 facility location -------------------------------------------------------------------------
+def test_facility_location_by_hand():
+    s = torch.tensor([[1.0, 0.5, 0.0], [0.2, 1.0, 0.8], [0.0, 0.4, 1.0]])
+    w = torch.tensor([0.5, 0.3, 0.2])
+    fl = FacilityLocation(s, w)
+    assert fl.value([]) == 0.0
+    assert fl.value([1]) == pytest.approx(0.5 * 0.5 + 0.3 * 1.0 + 0.2 * 0.4)
+    assert fl.value([0, 2]) == pytest.approx(0.5 * 1.0 + 0.3 * 0.8 + 0.2 * 1.0)
+    cur = fl.update(fl.empty(), 1)
+    # gain(0 | {1}) = 0.5·(1 − 0.5) + 0.3·relu(0.2 − 1) + 0.2·relu(0 − 0.4) = 0.25
+    assert fl.gain(cur, 0) == pytest.approx(0.25)
+    assert float(fl.gains(cur)[0]) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_facility_location_invariants(seed):
+    fl = random_fl(15, seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    assert fl.value([]) == 0.0
+    assert fl.value(range(15)) == pytest.approx(1.0, abs=1e-6)
+    for _ in range(20):
+        perm = torch.randperm(15, generator=g).tolist()
+        b_size = int(torch.randint(1, 13, (1,), generator=g))
+        a_size = int(torch.randint(0, b_size + 1, (1,), generator=g))
+        B, A, x = perm[:b_size], perm[:a_size], perm[b_size]
+        assert fl.value(A) <= fl.value(A + [x]) + 1e-6  # monotone
+        assert (
+            fl.value(A + [x]) - fl.value(A) >= fl.value(B + [x]) - fl.value(B) - 1e-6
+        )  # diminishing returns
+        cur = fl.empty()
+        for v in A:
+            cur = fl.update(cur, v)
+        gains = fl.gains(cur)
+        assert float(gains[x]) == pytest.approx(fl.value(A + [x]) - fl.value(A), abs=1e-6)
+        assert fl.gain(cur, x) == pytest.approx(fl.value(A + [x]) - fl.value(A), abs=1e-6)
+
+
+# ---- §7.2 greedy correctness ----------------------------------------------------------------------
+def test_lazy_equals_naive_on_50_instances():
+    for seed in range(50):
+        n = 8 + seed % 17
+        fl = random_fl(n, seed)
+        g = torch.Generator().manual_seed(1000 + seed)
+        costs = torch.randint(1, 5, (n,), generator=g).double()
+        risk = torch.rand(n, generator=g, dtype=torch.float64)
+        kw = dict(lam=float(seed % 3) * 5.0, tau_cov=0.95, delta_min=1e-6)
+        lazy = cost_aware_greedy(fl, costs, risk, lazy=True, **kw)
+        naive = cost_aware_greedy(fl, costs, risk, lazy=False, **kw)
+        assert lazy.selected == naive.selected, seed
+        assert lazy.stop == naive.stop
+
+
+def test_unit_costs_lambda0_is_plain_greedy():
+    for seed in range(10):
+        fl = random_fl(12, seed)
+        k = 5
+        res = cost_aware_greedy(
+            fl, torch.ones(12), torch.rand(12), lam=0.0, tau_cov=2.0, delta_min=-1.0, max_size=k
+        )
+        assert res.selected == plain_greedy(fl, k)
+
+
+def test_greedy_one_minus_one_over_e_of_brute_force():
+    for seed in range(8):
+        n, k = 10 + seed % 3, 3
+        fl = random_fl(n, 200 + seed)
+        opt = max(fl.value(c) for c in itertools.combinations(range(n), k))
+        got = fl.value(plain_greedy(fl, k))
+        res = cost_aware_greedy(
+            fl, torch.ones(n), torch.zeros(n), lam=0.0, tau_cov=2.0, delta_min=-1, max_size=k
+        )
+        assert got >= (1 - 1 / math.e) * opt - 1e-9
+        assert res.value >= (1 - 1 / math.e) * opt - 1e-9
+
+
+# ---- §7.3 risk steering ----------------------------------------------------------------------------
+def test_risk_steering():
+    s = torch.eye(4, dtype=torch.float64)
+    s[:, 1] = s[:, 0]  # candidates 0 and 1 have identical similarity columns
+    s[1, 1] = 1.0
+    s[0, 1] = 1.0
+    w = torch.full((4,), 0.25, dtype=torch.float64)
+    fl = FacilityLocation(s, w)
+    risk = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    for lam in (0.1, 1.0, 10.0):
+        res = cost_aware_greedy(fl, torch.ones(4), risk, lam=lam, tau_cov=0.4)
+        assert res.selected[0] == 1  # the r = 0 twin goes first
+    # r_max: never a neuron with r > 0.5
+    for seed in range(10):
+        fl = random_fl(14, seed)
+        r = torch.rand(14, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        res = cost_aware_greedy(fl, torch.ones(14), r, lam=3.0, tau_cov=0.99, r_max=0.5, delta_min=0)
+        assert all(r[v] <= 0.5 for v in res.selected)
+        # lambda = 0: selection independent of the Fisher
+        a = cost_aware_greedy(fl, torch.ones(14), r, lam=0.0, tau_cov=0.9)
+        b = cost_aware_greedy(
+            fl, torch.ones(14), torch.rand(14, dtype=torch.float64) * 100, lam=0.0, tau_cov=0.9
+        )
+        assert a.selected == b.selected
+    assert torch.allclose(
+        risk_costs(torch.tensor([2.0, 4.0]), torch.tensor([0.0, 1.0]), 10.0),
+        torch.tensor([2 / 3, 4 / 3 * 11], dtype=torch.float64),
+    )
+
+
+# ---- §7.4 stopping rule ----------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(10))
+def test_stopping_rule(seed):
+    fl = random_fl(20, seed)
+    g = torch.Generator().manual_seed(seed)
+    costs = torch.randint(1, 4, (20,), generator=g).double()
+    tau, budget, dmin = 0.85, [float("inf"), 6.0][seed % 2], 1e-4
+    res = cost_aware_greedy(
+        fl,
+        costs,
+        torch.rand(20, generator=g, dtype=torch.float64),
+        lam=2.0,
+        tau_cov=tau,
+        budget=budget,
+        delta_min=dmin,
+    )
+    assert fl.value(res.selected) == pytest.approx(res.value)
+    assert res.value >= tau or res.spent >= budget or res.stop in ("delta_min", "exhausted")
+    if res.stop == "cover":
+        assert res.value >= tau
+        assert fl.value(res.selected[:-1]) < tau  # minimal at its last pick
+    if res.stop == "budget":
+        assert res.spent >= budget
+
+
+# ---- §7.5 Fisher closed form ----------------------------------------------------------------------
+def test_fisher_closed_form_linear_model():
+    torch.manual_seed(0)
+    lin = nn.Linear(5, 3, bias=False)
+    x = torch.randn(7, 5)
+    tgt = torch.randn(7, 3)
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn2 = nn.Module()
+            self.attn2.to_k = lin
+
+    model = Wrap()
+    gs = ground_set(model, "kv")
+    grads = per_sample_row_grads(model, gs, lambda: 0.5 * ((model.attn2.to_k(x) - tgt) ** 2).sum(1))
+    fisher = diag_empirical_fisher(grads)["attn2.to_k"]
+    with torch.no_grad():
+        expected = (((lin(x) - tgt)[:, :, None] * x[:, None, :]) ** 2).mean(0)
+    assert torch.allclose(fisher.float(), expected, atol=1e-5)
+    per_neuron = neuron_fisher(gs, {"attn2.to_k": fisher})
+    assert torch.allclose(per_neuron, fisher.sum(1))
+    assert lin.weight.grad is None
+
+
+def test_risk_accumulates_max_normalised():
+    om = accumulate_risk(torch.zeros(3, dtype=torch.float64), torch.tensor([1.0, 4.0, 2.0]))
+    om = accumulate_risk(om, torch.tensor([10.0, 0.0, 5.0]))
+    assert torch.allclose(om, torch.tensor([1.25, 1.0, 1.0], dtype=torch.float64))
+
+
+def test_similarity_and_general_by_hand():
+    # probe 1 is 10x larger: raw cosine says all alike, the normalised centred version does not
+    a = torch.tensor([[1.0, 2.0, 1.0], [10.0, 10.0, 20.0]])
+    raw = similarity(a, "cosine")
+    assert torch.all(raw > 0.85)
+    s = similarity(a, "pearson")
+    # normalised: [[0.75, 1.5, 0.75], [0.75, 0.75, 1.5]]; centred rows: n0 (0, 0), n1 (0.375, −0.375), n2 (−0.375, 0.375)
+    assert torch.allclose(torch.diag(s), torch.ones(3, dtype=torch.float64))
+    assert s[1, 2] == 0.0 and s[0, 1] == 0.0
+    # z-scores within each layer: layer 1 [1, 1, 1, 9] -> max z = 6 / 4 = 1.5; layer 2 [5, 5, 5.1] -> 2/√3
+    z = general_neurons([torch.tensor([[1.0, 1.0, 1.0, 9.0]] * 2), torch.tensor([[5.0, 5.0, 5.1]])], 1 / 7)
+    assert z.tolist() == [3]
+
+
+def test_row_delta_branch_merge_is_plain_linear():
+    torch.manual_seed(0)
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn2 = nn.Module()
+            self.attn2.to_k = nn.Linear(6, 4, bias=False)
+            self.attn2.to_v = nn.Linear(6, 4, bias=False)
+
+    model = Wrap()
+    w0 = model.attn2.to_k.weight.detach().clone()
+    adapted = attach_row_deltas(model, {"attn2.to_k": torch.tensor([1, 3])})
+    branch = adapted["attn2.to_k"].branches["rows"]
+    assert isinstance(branch, RowDeltaBranch)
+    with torch.no_grad():
+        branch.delta.normal_()
+    x = torch.randn(2, 5, 6)
+    wrapped = model.attn2.to_k(x)
+    merge_row_deltas(model, adapted)
+    assert type(model.attn2.to_k) is nn.Linear
+    assert torch.allclose(model.attn2.to_k(x), wrapped, atol=1e-6)
+    changed = (model.attn2.to_k.weight != w0).any(1)
+    assert changed.tolist() == [False, True, False, True]
+
+
+# ---- configs ---------------------------------------------------------------------------------------
+def test_quick_config_parses():
+    from jsonargparse import ArgumentParser
+
+    from litlab.datamodules.continual_concepts import ContinualConceptDataModule
+    from litlab.lit_modules.diffusion.scns import SCNS
+
+    cfg = yaml.safe_load((ROOT / "configs/scns/quick.yaml").read_text())
+    parser = ArgumentParser()
+    parser.add_class_arguments(SCNS, "model")
+    parser.add_class_arguments(ContinualConceptDataModule, "data")
+    ns = parser.parse_object({"model": cfg["model"]["init_args"], "data": cfg["data"]["init_args"]})
+    assert ns.model.selection == "scns"
+    assert cfg["model"]["class_path"] == "litlab.lit_modules.diffusion.scns.SCNS"
+
+
+def test_full_config_fails_offline_naming_the_model(monkeypatch, tmp_path):
+    from litlab.lit_modules.core.errors import ModelUnavailableError
+    from litlab.lit_modules.diffusion.scns import SCNS
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    cfg = yaml.safe_load((ROOT / "configs/scns/full.yaml").read_text())
+    model_id = cfg["model"]["init_args"]["pretrained_path"]
+    assert model_id == "stable-diffusion-v1-5/stable-diffusion-v1-5"
+    with pytest.raises(ModelUnavailableError, match="stable-diffusion-v1-5/stable-diffusion-v1-5"):
+        SCNS(pretrained_path=model_id)
+
+
+def test_concept_folder_missing_fails_at_once(tmp_path):
+    from litlab.datamodules.continual_concepts import ContinualConceptDataModule
+
+    with pytest.raises(FileNotFoundError, match="images/<concept>"):
+        ContinualConceptDataModule(data_root=str(tmp_path / "cifc"))
+
+
+# ---- §7.6 sparsity / freezing and §7.7 fusion-free, on a tiny two-concept stream ----------------------
+def test_toy_stream_sparsity_freezing_fusion_free(monkeypatch, tmp_path):
+    import lightning as L
+
+    from litlab.datamodules.continual_concepts import ContinualConceptDataModule, token_id
+    from litlab.lit_modules.diffusion.ddpm import TinyT2IConfig, pretrained_tiny_t2i
+    from litlab.lit_modules.diffusion.scns import SCNS, SelectionConfig
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path / "cache"))
+    base_cfg = TinyT2IConfig(pretrain_steps=3, pretrain_batch=4)
+    dm = ContinualConceptDataModule(num_concepts=2, steps_per_task=3, batch_size=4, heldout_per_concept=2)
+    model = SCNS(base=base_cfg, select=SelectionConfig(num_probes=4, fisher_samples=4), lr_rows=0.05)
+    decays = []
+
+    class WatchOptimizer(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if module._opt is not None:
+                decays.extend(g["weight_decay"] for g in module._opt.param_groups)
+
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        reload_dataloaders_every_n_epochs=1,
+        callbacks=[WatchOptimizer()],
+    )
+    trainer.fit(model, datamodule=dm)
+    assert decays and all(d == 0.0 for d in decays)
+    base = pretrained_tiny_t2i(base_cfg, dm, 0)  # the cached base, as before task 1
+    before, after = base.state_dict(), model.model.state_dict()
+    # fusion-free: same keys and shapes as the base, every projection a plain nn.Linear again
+    assert list(before) == list(after)
+    assert all(before[k].shape == after[k].shape for k in before)
+    assert all(type(model.model.unet.get_submodule(n)) is nn.Linear for n in model.gs.modules)
+    selected = sorted({n for s in model.selections for n in s})
+    allowed = model.gs.split(selected)
+    emb = next(k for k in before if k.endswith("token_embedding.weight"))
+    for key in before:
+        diff = (
+            (before[key] != after[key]).reshape(before[key].shape[0], -1).any(1) if before[key].ndim else None
+        )
+        if key == emb:
+            assert set(torch.nonzero(diff).flatten().tolist()) <= {token_id("<V0>"), token_id("<V1>")}
+        elif key.removeprefix("unet.").removesuffix(".weight") in allowed:
+            rows = set(torch.nonzero(diff).flatten().tolist())
+            assert rows and rows <= set(allowed[key.removeprefix("unet.").removesuffix(".weight")].tolist())
+        else:
+            assert diff is None or not bool(diff.any()), key
+    # the logged fraction is |S_t| c / |UNet| and equals the measured diff of each task (the guard's)
+    for t, info in enumerate(model.task_log):
+        assert info["changed_frac"] == pytest.approx(len(model.selections[t]) * 32 / model.unet_params)
+        assert info["measured_changed_frac"] == pytest.approx(info["changed_frac"])
+    # what is kept per concept: indices, one Fisher float per neuron, token rows
+    assert model.omega.shape == (model.gs.size,)
+    assert trainer.callback_metrics["val/changed_frac"] > 0
