@@ -624,15 +624,18 @@ def run_features(run_dir) -> tuple[Tensor, Tensor, list[str], Tensor, list[str]]
 
 def report(result, out_dir):
     """``report_hook`` of seeds/u3cf.yaml: per-target accuracy bars and table of every method, and the PCA of
-    source and target features of the source-only model, prototype-only and U³CF (the card's first seed)."""
+    source and target features of the source-only model, prototype-only, U³CF and (optional run) U³CF with the
+    graph head (the card's first seed)."""
     from litlab.lit_modules.domain.report import feature_report, merge_extras, per_target_report
 
     runs = ["source_only", "shot", "prototype_only", "u3cf", "source_only_sp", "prototype_only_sp", "u3cf_sp"]
+    runs += ["u3cf_gnn"]
     keys = ["val/acc_T1", "val/acc_T2", "val/acc_T3"]
     panels = {
         "before: source-only": "source_only",
         "after: prototype-only": "prototype_only",
         "after: U³CF": "u3cf",
+        "after: U³CF + graph head": "u3cf_gnn",  # optional (--all)
     }
     return merge_extras(
         per_target_report(result, out_dir, "u3cf", runs, keys, "target accuracy"),
