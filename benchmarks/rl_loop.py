@@ -13,7 +13,7 @@ What remains is Lightning's fixed dispatch per ``training_step`` (≈ 0.3 ms, no
 env steps) and per manual optimiser step (≈ 0.13 ms) on CPU, independent of network width: a larger fraction
 with the 64-wide nets than with 256-wide ones.
 
-    litlab bench rl_loop --steps 1000 --rounds 6 [--steps-per-batch 8] [--hidden 256 256 --batch-size 256]
+    litlab bench rl_loop --steps 1000 --rounds 6 [--steps-per-batch 16] [--hidden 256 256 --batch-size 256]
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class OnlineSAC(RLModule):
         batch_size: int = 128,
         learning_starts: int = 100,
         log_every: int = 50,
-        steps_per_batch: int = 8,
+        steps_per_batch: int = 16,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -113,7 +113,7 @@ def lightning_loop(
     batch_size: int,
     learning_starts: int,
     seed: int,
-    steps_per_batch: int = 8,
+    steps_per_batch: int = 16,
 ) -> tuple[float, float]:
     L.seed_everything(seed, verbose=False)
     dm = RLDataModule(env_id=env_id, dataset_level=None, n_online_steps=steps, env_seed=seed)
@@ -152,7 +152,7 @@ def benchmark(
     hidden: tuple[int, ...] = (64, 64),
     batch_size: int = 128,
     learning_starts: int = 100,
-    steps_per_batch: int = 8,
+    steps_per_batch: int = 16,
 ) -> dict:
     torch.set_num_threads(1)
     plain, lit = [], []
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, nargs="+", default=[64, 64])
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument(
-        "--steps-per-batch", type=int, default=8, help="env steps per training_step of the Lightning loop"
+        "--steps-per-batch", type=int, default=16, help="env steps per training_step of the Lightning loop"
     )
     args = parser.parse_args(argv)
     res = benchmark(

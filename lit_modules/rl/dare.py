@@ -182,7 +182,7 @@ class DARE(RLModule):
         iql: IQLSettings = IQL_SETTINGS,
         optim: Optim = OPTIM,
         log_every: int = 50,
-        steps_per_batch: int = 8,
+        steps_per_batch: int = 16,
         obs_dim: int | None = None,
         act_dim: int | None = None,
     ):

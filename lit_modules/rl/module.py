@@ -38,7 +38,10 @@ class RLModule(L.LightningModule):
         loop iteration (batch fetch, hooks, logger connector) is paid once per chunk; step counters, logging,
         evaluation and checkpoints stay counted in iterations (env steps), and every iteration runs the same
         operations in the same order as with one iteration per batch, so the numbers do not change with
-        ``steps_per_batch``."""
+        ``steps_per_batch``. The modules' default, 16, was measured with ``litlab bench rl_loop`` (64-wide SAC on
+        CPU, 2 shared cores under load): Lightning's CPU time per env step was 1.18× a plain PyTorch loop's with
+        one env step per ``training_step`` and one backward per loss, 1.12× with 8 env steps and the merged
+        backward (``step_optimizers``), 1.09× with 16 (medians of 6 interleaved rounds of 1000 steps)."""
         for i in self.data.chunk(idx):
             self.run_iteration(i)
 

@@ -87,7 +87,7 @@ class NGT(RLModule):
         sac: SACSettings = SAC_SETTINGS,
         schedule: Schedule = SCHEDULE,
         log_every: int = 50,
-        steps_per_batch: int = 8,
+        steps_per_batch: int = 16,
         obs_dim: int | None = None,
         act_dim: int | None = None,
     ):
