@@ -13,12 +13,12 @@ Other arguments are ``litlab fit`` overrides (``--data.init_args.seed=1``).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from litlab.lit_modules.core.errors import ConfigError
+from litlab.lit_modules.core.rank_plan import saliency_heatmap
 
 
 def _build(fit_args: list[str]) -> tuple[Any, Any]:
@@ -43,36 +43,6 @@ def _build(fit_args: list[str]) -> tuple[Any, Any]:
     finally:
         sys.argv = argv
     return cli.model, cli.datamodule
-
-
-def heatmap(plan, path: Path) -> Path:
-    """Depth × family map of the calibrated, smoothed scores s_l (the plan's structure)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    s = plan.structure("csplora")
-    families = sorted({plan.families[n] for n in s})
-    depth = {n: int(m.group(1)) if (m := re.search(r"\.(\d+)\.", f".{n}.")) else -1 for n in s}
-    layers = sorted(set(depth.values()))
-    grid = np.full((len(layers), len(families)), np.nan)
-    for n, v in s.items():
-        grid[layers.index(depth[n]), families.index(plan.families[n])] = v
-    fig, ax = plt.subplots(figsize=(1.2 + 0.8 * len(families), 1.2 + 0.25 * len(layers)))
-    im = ax.imshow(grid, aspect="auto", cmap="viridis")
-    ax.set_xticks(range(len(families)), families, rotation=45, ha="right")
-    ax.set_yticks(range(len(layers)), ["(none)" if d < 0 else str(d) for d in layers])
-    ax.set_xlabel("module family")
-    ax.set_ylabel("layer")
-    ax.set_title(f"CSPLoRA saliency s_l: {plan.base_model}", fontsize=8)
-    fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in ranks.items():
             print(f"  {name}: {r}")
     if args.figure:
-        print(f"heatmap: {heatmap(plan, Path(args.figure))}")
+        print(f"heatmap: {saliency_heatmap(plan, Path(args.figure))}")
     return 0
 
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -338,3 +339,33 @@ def planned_ranks(
     names = list(module_names)
     plan.check_matches(names)
     return plan.ranks(r_base, r_min, r_max)
+
+
+def saliency_heatmap(plan: RankPlan, path: Path) -> Path:
+    """Depth × family map of the calibrated, smoothed scores s_l (the plan's structure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    s = plan.structure("csplora")
+    families = sorted({plan.families[n] for n in s})
+    depth = {n: int(m.group(1)) if (m := re.search(r"\.(\d+)\.", f".{n}.")) else -1 for n in s}
+    layers = sorted(set(depth.values()))
+    grid = np.full((len(layers), len(families)), np.nan)
+    for n, v in s.items():
+        grid[layers.index(depth[n]), families.index(plan.families[n])] = v
+    fig, ax = plt.subplots(figsize=(1.2 + 0.8 * len(families), 1.2 + 0.25 * len(layers)))
+    im = ax.imshow(grid, aspect="auto", cmap="viridis")
+    ax.set_xticks(range(len(families)), families, rotation=45, ha="right")
+    ax.set_yticks(range(len(layers)), ["(none)" if d < 0 else str(d) for d in layers])
+    ax.set_xlabel("module family")
+    ax.set_ylabel("layer")
+    ax.set_title(f"CSPLoRA saliency s_l: {plan.base_model}", fontsize=8)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

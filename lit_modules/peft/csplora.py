@@ -51,6 +51,7 @@ from litlab.lit_modules.core.rank_plan import (
     classification_loss_and_confidence,
     family_of,
     probe_saliency,
+    saliency_heatmap,
 )
 from litlab.lit_modules.core.results import CardResult, ReportExtras
 
@@ -424,8 +425,6 @@ class CSPLoRALanguageProbe(L.LightningModule):
     def on_fit_start(self) -> None:
         from scipy.stats import spearmanr
 
-        from litlab.plan import heatmap
-
         plan = self.make_rank_plan(self.trainer.datamodule)
         ranks = self.budget_ranks(plan)
         root = self.trainer.default_root_dir
@@ -433,7 +432,7 @@ class CSPLoRALanguageProbe(L.LightningModule):
             plan.save(f"{root}/rank_plan.json")
             for b, r in ranks.items():
                 atomic_write_json(f"{root}/ranks_r{b}.json", {"r_base": b, "r_min": b // 4, "ranks": r})
-            heatmap(plan, Path(root) / "saliency.png")
+            saliency_heatmap(plan, Path(root) / "saliency.png")
         p = plan.probe
         s = plan.structure("csplora")
         layers = sorted({_layer_of(n) for n in s})
