@@ -17,7 +17,7 @@ if (
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from kernels import dispatch  # noqa: E402
+from litlab.kernels import dispatch  # noqa: E402
 from litlab.kernels.block_select import (  # noqa: E402,E501
     block_select_reference,
     quant_qk_block_select,
