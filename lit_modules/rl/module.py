@@ -41,7 +41,8 @@ class RLModule(L.LightningModule):
         ``steps_per_batch``. The modules' default, 16, was measured with ``litlab bench rl_loop`` (64-wide SAC on
         CPU, 2 shared cores under load): Lightning's CPU time per env step was 1.18× a plain PyTorch loop's with
         one env step per ``training_step`` and one backward per loss, 1.12× with 8 env steps and the merged
-        backward (``step_optimizers``), 1.09× with 16 (medians of 6 interleaved rounds of 1000 steps)."""
+        backward (``step_optimizers``), 1.09× and 1.17× in two runs with 16 (medians of 6 interleaved rounds of
+        1000 steps; 1.11× over their 12 rounds, single rounds 0.97-1.24)."""
         for i in self.data.chunk(idx):
             self.run_iteration(i)
 
