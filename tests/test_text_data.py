@@ -87,3 +87,16 @@ def test_load_bundled_digits_and_unknown_name():
     assert X.shape == (1797, 64) and y.shape == (1797,)
     with pytest.raises(ValueError, match=r"'mnist'.*digits.*fetch_"):
         load_bundled("mnist")
+
+
+def test_corpus_does_not_depend_on_importing_diffusers():
+    # transformers and diffusers both bind logging.Logger.warning_advice, whose docstring is corpus text
+    import transformers  # noqa: F401
+
+    from litlab.lit_modules.diffusion.ddpm import diffusers_classes
+
+    _CORPUS_CACHE.clear()
+    before = local_text_corpus(200_000)
+    diffusers_classes("DDPMScheduler", "UNet2DConditionModel")
+    _CORPUS_CACHE.clear()
+    assert local_text_corpus(200_000) == before

@@ -8,7 +8,9 @@ Python minor version (3.11 and 3.12 docstrings differ), so compare losses only b
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 import types
 
 import numpy as np
@@ -95,6 +97,26 @@ def module_docstrings(module: types.ModuleType) -> list[str]:
         elif isinstance(obj, types.FunctionType):
             docs.append(obj.__doc__)
     return [doc for doc in docs if isinstance(doc, str)]
+
+
+@contextlib.contextmanager
+def stdlib_members_kept():
+    """Import a library that re-binds members of stdlib classes without changing the corpus.
+
+    transformers and diffusers both bind ``logging.Logger.warning_advice`` (and friends), each with its own
+    docstring, and ``module_docstrings`` reads ``logging.Logger``'s members: whichever library was imported last
+    would decide the corpus. Every language-model fit imports transformers first, so the corpus the cards were
+    recorded on holds transformers' bindings; a later import (diffusers) inside this block leaves them as they were.
+    """
+    logger_members = dict(vars(logging.Logger))
+    try:
+        yield
+    finally:
+        for name in set(vars(logging.Logger)) - set(logger_members):
+            delattr(logging.Logger, name)
+        for name, member in logger_members.items():
+            if vars(logging.Logger).get(name) is not member:
+                setattr(logging.Logger, name, member)
 
 
 def local_text_corpus(min_chars: int = 200_000) -> str:

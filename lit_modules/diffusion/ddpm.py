@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.corpus import stdlib_members_kept
 from litlab.lit_modules.core.pretrain import train_and_cache
 
 
@@ -40,9 +41,21 @@ class TinyT2IConfig:
     pretrain_lr: float = 1e-3
 
 
-def make_scheduler(num_train_timesteps: int = 1000):
-    from diffusers import DDPMScheduler
+def diffusers_classes(*names: str) -> tuple[Any, ...]:
+    """``diffusers.<name>`` for each name, imported after transformers and without re-binding the stdlib
+    ``logging.Logger`` members that transformers bound (``core.corpus.stdlib_members_kept``: the local text
+    corpus reads them, so importing this family must not change other families' training text)."""
+    import transformers  # noqa: F401  (binds its Logger members first, as every language-model fit does)
 
+    with stdlib_members_kept():
+        import diffusers
+        import diffusers.utils.logging  # noqa: F401  (where diffusers binds them)
+
+        return tuple(getattr(diffusers, name) for name in names)
+
+
+def make_scheduler(num_train_timesteps: int = 1000):
+    (DDPMScheduler,) = diffusers_classes("DDPMScheduler")
     return DDPMScheduler(
         num_train_timesteps=num_train_timesteps, beta_schedule="linear", prediction_type="epsilon"
     )
@@ -60,7 +73,7 @@ class TinyT2I(nn.Module):
 
     def __init__(self, cfg: TinyT2IConfig, image_size: int, vocab_size: int, seq_len: int):
         super().__init__()
-        from diffusers import UNet2DConditionModel
+        (UNet2DConditionModel,) = diffusers_classes("UNet2DConditionModel")
         from transformers import CLIPTextConfig, CLIPTextModel
 
         n = len(cfg.block_out_channels)
@@ -121,7 +134,9 @@ def pretrained_tiny_t2i(cfg: TinyT2IConfig, dm: Any, seed: int) -> TinyT2I:
 
 def load_pretrained_t2i(model_id: str, revision: str | None = None) -> dict[str, Any]:
     """UNet, text encoder, tokenizer, VAE and DDPM scheduler of a diffusers text-to-image checkpoint."""
-    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    AutoencoderKL, DDPMScheduler, UNet2DConditionModel = diffusers_classes(
+        "AutoencoderKL", "DDPMScheduler", "UNet2DConditionModel"
+    )
     from transformers import CLIPTextModel, CLIPTokenizer
 
     from litlab.lit_modules.core.hf import load_from_folder_cache_or_hub
