@@ -54,7 +54,10 @@ def test_prompt_bits_match_the_exact_arithmetic_coder():  # §7.1 through the mo
         ids = T.TOKENIZER.encode(text).tolist()
         _, width, bits = TC.arithmetic_encode(ids, probs)
         payload = T.prompt_bits(model, text) - T.FIRST_TOKEN_BITS
-        assert abs(payload - math.ceil(-math.log2(width))) <= 1 and abs(bits - payload) <= 2
+        assert abs(payload - math.ceil(-math.log2(width))) <= 1
+        # an arithmetic code is at most 2 bits over -log2(width); it can be shorter when the final interval
+        # happens to hold a short binary fraction (seen: 100 bits for a width of 2^-102.3), so the bound is one-sided
+        assert 0 < bits <= payload + 2
 
 
 def test_uniform_model_prompt_payload():  # §7.2
