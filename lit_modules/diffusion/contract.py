@@ -4,9 +4,14 @@
                          ``data_key``, ``vocab``, ``seq_len``, ``image_size``), a sequence of concepts with
                          their training images, prompts, token rows and held-out grids, generic calibration
                          prompts, and the task of each epoch of the one fit that walks the sequence.
+* ``VideoSRData``        paired video super-resolution: clip geometry (``frames``, ``hq_size``, ``scale``), unpaired
+                         HQ clips to pre-train a small video DiT on (``pretrain_batch``, ``data_key``), and
+                         (HQ, LQ) batches from its train / val loaders (HQ (B, 3, F, H, W), LQ (B, 3, F, H/s, W/s),
+                         both in [-1, 1]).
 
-``litlab.datamodules.continual_concepts.ContinualConceptDataModule`` is the one the project ships; this is the
-only file of the family that imports ``datamodules/``.
+``litlab.datamodules.continual_concepts.ContinualConceptDataModule`` and
+``litlab.datamodules.synthetic_vsr.SyntheticVSRDataModule`` are the ones the project ships; this is the only file
+of the family that imports ``datamodules/``.
 """
 
 from __future__ import annotations
@@ -17,9 +22,18 @@ import torch
 from torch import Tensor
 
 from litlab.datamodules.continual_concepts import CIFC_LAYOUT, tokenize
+from litlab.datamodules.synthetic_vsr import bicubic_up
 from litlab.lit_modules.core.contracts import check_protocol
 
-__all__ = ["CIFC_LAYOUT", "ConceptStreamData", "check_data", "tokenize"]
+__all__ = [
+    "CIFC_LAYOUT",
+    "ConceptStreamData",
+    "VideoSRData",
+    "bicubic_up",
+    "check_data",
+    "check_vsr_data",
+    "tokenize",
+]
 
 
 @runtime_checkable
@@ -61,3 +75,26 @@ class ConceptStreamData(Protocol):
 
 def check_data(dm: object, user: str) -> None:
     check_protocol(dm, ConceptStreamData, user)
+
+
+@runtime_checkable
+class VideoSRData(Protocol):
+    frames: int
+    hq_size: int
+    scale: int
+
+    def data_key(self) -> dict:
+        """Everything that shapes the pre-training clips (the cached backbone's key)."""
+        ...
+
+    def pretrain_batch(self, batch_size: int, gen: torch.Generator) -> Tensor:
+        """Unpaired HQ clips (B, 3, F, H, W) in [-1, 1] for pre-training the quick-scale backbone."""
+        ...
+
+    def train_dataloader(self): ...
+
+    def val_dataloader(self): ...
+
+
+def check_vsr_data(dm: object, user: str) -> None:
+    check_protocol(dm, VideoSRData, user)

@@ -1,8 +1,10 @@
 """Report helpers of the diffusion family's cards (``CardResult`` in, ``ReportExtras`` out).
 
-``frontier_report`` reads every seed's ``summary.json`` of the named runs and draws the stability-plasticity
+``frontier_report`` (SCNS) reads every seed's ``summary.json`` of the named runs and draws the stability-plasticity
 plane (forgetting against plasticity, mean ± std over seeds), joining the runs of a ``sweep`` (e.g. SCNS at
 lambda 0, 10, 1000) by a line, with the same numbers as a markdown table. It derives no number a claim reads.
+``vsr_report`` (LiteVSR) tabulates PSNR / SSIM / temporal-difference error per run and step count and draws
+the LQ / SR / HQ frame grid from the samples each fit saved (``vsr_samples.safetensors`` in its run folder).
 """
 
 from __future__ import annotations
@@ -71,3 +73,70 @@ def frontier_report(
         cells = [f"{m:.4g} ± {s:.2g}" for m, s in (_ms(table[n][k]) for k in keys)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return ReportExtras(figures=[path], markdown="### Stability-plasticity\n\n" + "\n".join(lines) + "\n")
+
+
+SAMPLES_FILE = "vsr_samples.safetensors"
+
+
+def vsr_report(
+    result: CardResult,
+    out_dir,
+    slug: str,
+    runs: dict[str, str],
+    keys: tuple[str, ...] = ("psnr", "ssim", "tde"),
+    steps: tuple[str, ...] = ("k1", "k4", "k8"),
+) -> ReportExtras:
+    """``runs``: card run name -> label (any entry of the fit). A table of ``val/{key}_{step}`` (mean ± std over
+    seeds) and the frame grid of the first held-out clip of the first seed: LQ (nearest ×s), each run's output
+    at K = 1 (bicubic: its input), HQ; one column per frame. It derives no number a claim reads."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from safetensors.torch import load_file
+
+    present = {n: label for n, label in runs.items() if n in result.runs}
+    if not present:
+        return ReportExtras()
+    cols = [f"val/{k}_{s}" for k in keys for s in steps]
+    lines = [f"| run | {' | '.join(c.removeprefix('val/') for c in cols)} |", "|---|" + "---|" * len(cols)]
+    for n, label in present.items():
+        table = _per_run(result, n, cols)
+        cells = [f"{m:.4g} ± {s:.2g}" for m, s in (_ms(table[c]) for c in cols)]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    markdown = "### Restoration quality (held-out clips)\n\n" + "\n".join(lines) + "\n"
+    rows: list[tuple[str, object]] = []
+    hq = None
+    for n, label in present.items():
+        path = result.runs[n].runs[0].run_dir / SAMPLES_FILE
+        if not path.exists():
+            continue
+        s = load_file(str(path))
+        if hq is None:
+            hq = s["hq"][0]
+            rows.append(("LQ (nearest)", s["lq_nearest"][0]))
+        rows.append((label, s["sr_k1"][0]))
+    figures = []
+    if hq is not None:
+        rows.append(("HQ", hq))
+        frames = hq.shape[1]
+        fig, axes = plt.subplots(len(rows), frames, figsize=(1.3 * frames, 1.3 * len(rows)), squeeze=False)
+        for r, (label, clip) in enumerate(rows):
+            for f in range(frames):
+                ax = axes[r][f]
+                ax.imshow(
+                    ((clip[:, f].clamp(-1, 1) + 1) / 2).permute(1, 2, 0).numpy(), interpolation="nearest"
+                )
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if f == 0:
+                    ax.set_ylabel(label, fontsize=6)
+                if r == 0:
+                    ax.set_title(f"frame {f}", fontsize=6)
+        fig.suptitle(f"{slug}: first held-out clip, seed {result.seeds[0]}, K = 1", fontsize=7)
+        fig.tight_layout()
+        path = Path(out_dir) / f"{slug}_frames.png"
+        fig.savefig(path, dpi=130)
+        plt.close(fig)
+        figures.append(path)
+    return ReportExtras(figures=figures, markdown=markdown)

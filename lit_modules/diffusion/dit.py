@@ -1,0 +1,156 @@
+"""Flow-matching video diffusion transformers on diffusers' ``WanTransformer3DModel`` (Wan2.1, arXiv 2503.20314).
+
+* ``TinyDiTConfig`` / ``TinyDiT``: the quick-scale backbone, a ``WanTransformer3DModel`` built from a config
+  (random init, nothing downloaded) that works in pixel space (the VAE is the identity, clips in [-1, 1]) with one
+  fixed all-zero text token ``(B, 1, text_dim)``. The spec's default (patch (1, 4, 4), 4 heads × 16, FFN 128, 6
+  blocks, text/freq dim 32) has 347,632 parameters.
+* ``pretrained_tiny_dit(cfg, dm, seed)``: that backbone pre-trained with the flow-matching objective
+  (``flow_matching.FlowMatchingObjective``) on the DataModule's unpaired HQ clips and cached once per
+  (architecture, recipe, data, seed) through ``core.pretrain.train_and_cache``.
+* ``load_wan(model_id)``: the full-scale transformer, VAE, text encoder, tokenizer and flow scheduler of a
+  diffusers Wan checkpoint (``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``), from a folder or the local cache; offline
+  without it, ``ModelUnavailableError`` names it at once.
+* ``wan_1_3b_config()``: the 1.3B transformer's config (30 blocks, width 1536, 12 heads × 128, FFN 8960); built
+  on the meta device it has 1,418,996,800 parameters, the reference of the full-scale trainable fraction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.pretrain import train_and_cache
+from litlab.lit_modules.diffusion.ddpm import diffusers_classes
+from litlab.lit_modules.diffusion.flow_matching import FlowMatchingObjective
+
+
+@config_part
+class TinyDiTConfig:
+    """The quick-scale ``WanTransformer3DModel`` and its flow-matching pre-training recipe."""
+
+    patch_size: tuple[int, int, int] = (1, 4, 4)
+    num_attention_heads: int = 4
+    attention_head_dim: int = 16
+    channels: int = 3
+    text_dim: int = 32
+    freq_dim: int = 32
+    ffn_dim: int = 128
+    num_layers: int = 6
+    rope_max_seq_len: int = 64
+    pretrain_steps: int = 500
+    pretrain_batch: int = 8
+    pretrain_lr: float = 1e-3
+    flow_shift: float = 3.0
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return dict(
+            patch_size=tuple(self.patch_size),
+            num_attention_heads=self.num_attention_heads,
+            attention_head_dim=self.attention_head_dim,
+            in_channels=self.channels,
+            out_channels=self.channels,
+            text_dim=self.text_dim,
+            freq_dim=self.freq_dim,
+            ffn_dim=self.ffn_dim,
+            num_layers=self.num_layers,
+            rope_max_seq_len=self.rope_max_seq_len,
+        )
+
+
+def wan_transformer(**kwargs) -> nn.Module:
+    (WanTransformer3DModel,) = diffusers_classes("WanTransformer3DModel")
+    return WanTransformer3DModel(**kwargs)
+
+
+def wan_1_3b_config() -> dict[str, Any]:
+    """Wan2.1-T2V-1.3B's transformer config (its ``transformer/config.json``)."""
+    return dict(
+        patch_size=(1, 2, 2),
+        num_attention_heads=12,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=8960,
+        num_layers=30,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        eps=1e-6,
+    )
+
+
+class TinyDiT(nn.Module):
+    """The quick-scale backbone (``.transformer``) and its fixed text conditioning (``text(batch)``)."""
+
+    def __init__(self, cfg: TinyDiTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.transformer = wan_transformer(**cfg.model_kwargs())
+
+    def text(self, batch: int) -> Tensor:
+        """One all-zero text token per clip: the fixed (empty) prompt of the quick scale."""
+        return torch.zeros(batch, 1, self.cfg.text_dim)
+
+    def forward(self, x: Tensor, sigma: Tensor, text: Tensor | None = None) -> Tensor:
+        text = self.text(len(x)) if text is None else text
+        return self.transformer(x, sigma * 1000.0, text, return_dict=False)[0]
+
+
+def pretrain_flow(model: TinyDiT, cfg: TinyDiTConfig, dm: Any, seed: int) -> None:
+    """``cfg.pretrain_steps`` AdamW steps of the velocity MSE on ``dm.pretrain_batch`` HQ clips."""
+    objective = FlowMatchingObjective(cfg.flow_shift)
+    gen = torch.Generator().manual_seed(seed + 29)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, weight_decay=0.0)
+    model.train()
+    for _ in range(cfg.pretrain_steps):
+        z0 = dm.pretrain_batch(cfg.pretrain_batch, gen)
+        sigma = objective.sample_sigma(len(z0), gen)
+        eps = torch.randn(z0.shape, generator=gen)
+        v = model(objective.noised(z0, eps, sigma), sigma)
+        loss = objective.loss(v, z0, eps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    model.eval()
+
+
+def pretrained_tiny_dit(cfg: TinyDiTConfig, dm: Any, seed: int) -> TinyDiT:
+    """The backbone trained on ``dm.pretrain_batch`` (one thread, cached; a second call in any process loads it)."""
+    args = {"cfg": dataclasses.asdict(cfg), "data": dm.data_key(), "seed": seed}
+    return train_and_cache(
+        "litevsr-tiny-wan",
+        args,
+        seed,
+        lambda: TinyDiT(cfg),
+        lambda model: pretrain_flow(model, cfg, dm, seed),
+        threads=1,
+    )
+
+
+def load_wan(model_id: str, revision: str | None = None) -> dict[str, Any]:
+    """Transformer, VAE, text encoder, tokenizer and flow scheduler of a diffusers Wan checkpoint."""
+    AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel = diffusers_classes(
+        "AutoencoderKLWan", "FlowMatchEulerDiscreteScheduler", "WanTransformer3DModel"
+    )
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    from litlab.lit_modules.core.hf import load_from_folder_cache_or_hub
+
+    what = "the video diffusion backbone"
+    parts = {
+        "transformer": (WanTransformer3DModel.from_pretrained, "transformer"),
+        "vae": (AutoencoderKLWan.from_pretrained, "vae"),
+        "text_encoder": (UMT5EncoderModel.from_pretrained, "text_encoder"),
+        "tokenizer": (AutoTokenizer.from_pretrained, "tokenizer"),
+        "scheduler": (FlowMatchEulerDiscreteScheduler.from_pretrained, "scheduler"),
+    }
+    return {
+        k: load_from_folder_cache_or_hub(load, model_id, revision, f"{what} ({sub})", subfolder=sub)
+        for k, (load, sub) in parts.items()
+    }
