@@ -3,6 +3,7 @@
 
     litlab analyze diffract --base <src> --tuned <src> [--tuned <src> ...] [--domain code] [--out DIR]
     litlab analyze complexity --checkpoints pre=<src> post=<src> random=<src> [--task words] [--out DIR]
+    litlab analyze lockin --run [NAME=]<run> [--run [NAME=]<run> ...] [--task-domain D] [--broad-domain D] [--out DIR]
 
 A source is a Lightning checkpoint (``.ckpt``; adapters merged; ``<ckpt>#base`` is the module as its constructor
 builds it, before training: the frozen base of an adapter run, θ0 of a litlab CPT run), a run folder (its
@@ -13,11 +14,24 @@ litlab's character vocabulary; other models get the spectral table and head heat
 ``complexity`` measures each checkpoint's rate–accuracy frontier (baseline, ICL k, online coding n, LoRA and its
 quantised payloads; ``lit_modules.analysis.task_complexity``) on a local sums task and reads C(δ) off it; the
 names ``pre``/``post``/``random`` also give the reductions R.
+``lockin`` (``lit_modules.analysis.lock_in``) takes fine-tuning runs (run folders of ``litlab fit``, e.g. of
+``configs/lock_in/quick.yaml``, or their ``.ckpt``; θ0 is the checkpoint's ``#base``): per distinct θ0, the top-k
+basis of the broad-loss Hessian by Lanczos (a ``LockInFT`` run with its own plan and windows reuses the basis its
+fit cached) and the Rayleigh check of each pair with a fresh Hessian product; per run, the final point recomputed
+from the weights (L_T, L_B, drift, harm h, stiff-mode fraction f against the random floor k/P, compared with the
+logged trajectory); pooled over the runs' trajectories, the linear fit of L_B on h_t (R², Spearman); and the
+bifurcation comparison of every run against the first (final differences, drift-paradox witness, departure from
+the first run's degradation curve, matched-task-loss broad loss, the spec's §7.6 check). Runs of other cards work
+when their base is a TinyGPT: L_T needs a task domain (the run's DataModule's ``domain``, or ``--task-domain``);
+without a logged trajectory the report uses θ0 and the final weights.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 import math
 import sys
 from pathlib import Path
@@ -27,10 +41,13 @@ import torch
 from litlab.datamodules.domain_corpus import DOMAINS
 from litlab.datamodules.sums_task import TASKS, SumsTaskDataModule
 from litlab.lit_modules.analysis import checkpoints
+from litlab.lit_modules.analysis import curvature as C
 from litlab.lit_modules.analysis import diffract as D
+from litlab.lit_modules.analysis import lock_in as LI
 from litlab.lit_modules.analysis import task_complexity as TCX
-from litlab.lit_modules.analysis.contract import domain_eval_set
+from litlab.lit_modules.analysis.contract import DomainEvalData, domain_eval_set
 from litlab.lit_modules.core.corpus import CharTokenizer
+from litlab.lit_modules.core.errors import CheckpointError, ConfigError
 from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
 
 
@@ -73,6 +90,48 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--lora-bits", type=int, nargs="*", default=list(TCX.PLAN.lora_bits))
     c.add_argument("--lora-examples", type=int, default=TCX.PLAN.lora_examples, help="0: no LoRA points")
     c.add_argument("--out", default="runs/analyze/complexity", help="report folder")
+    k = sub.add_parser(
+        "lockin",
+        help="curvature basis, stiff-mode fraction, harm-signal fit and bifurcation of fine-tuning runs",
+    )
+    k.add_argument(
+        "--run",
+        required=True,
+        action="append",
+        metavar="[NAME=]RUN",
+        help="a run folder written by litlab fit, or its .ckpt (repeat; the first is the reference)",
+    )
+    k.add_argument("--task-domain", choices=DOMAINS, help="domain of L_T (default: the run's DataModule's)")
+    k.add_argument(
+        "--broad-domain",
+        choices=DOMAINS,
+        help="domain of L_B and of the calibration set (default: the run's general_domain, else text)",
+    )
+    k.add_argument(
+        "--windows", type=int, default=64, help="evaluation windows per domain (other DataModules)"
+    )
+    k.add_argument("--block-size", type=int, default=64, help="window length (other DataModules)")
+    k.add_argument(
+        "--k", type=int, help="size of the stiff basis (default: the run's curvature plan, else 20)"
+    )
+    k.add_argument("--lanczos-iters", type=int, help="Lanczos steps (default: the run's plan, else 50)")
+    k.add_argument(
+        "--cal-windows", type=int, help="broad calibration windows (default: the run's plan, else 64)"
+    )
+    k.add_argument(
+        "--seed", type=int, help="seed of the Lanczos start vector (default: the run's plan, else 0)"
+    )
+    k.add_argument(
+        "--rayleigh",
+        type=int,
+        choices=range(1, 1000),
+        metavar="N",
+        help="pairs re-checked with a fresh Hessian product (default: all k)",
+    )
+    k.add_argument(
+        "--matched-rel", type=float, default=0.02, help="L* = (1 + this) · final L_T of the reference"
+    )
+    k.add_argument("--out", default="runs/analyze/lockin", help="report folder")
     return p
 
 
@@ -219,12 +278,290 @@ def complexity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lockin_source(item: str) -> tuple[str, Path, Path]:
+    """``[NAME=]RUN`` → (label, run folder, checkpoint)."""
+    name, eq, rest = item.partition("=")
+    label, raw = (name, rest) if eq and name and "/" not in name and not Path(item).exists() else ("", item)
+    path = Path(raw)
+    if path.is_dir():
+        ckpt = path / "checkpoints" / "last.ckpt"
+        if not ckpt.exists():
+            raise CheckpointError(
+                f"{raw}: no checkpoints/last.ckpt; analyze lockin needs the run's final weights (a run folder "
+                "written by `litlab fit`, or a Lightning .ckpt)"
+            )
+        folder = path
+    elif path.suffix == ".ckpt":
+        if not path.exists():
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        ckpt, folder = path, path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    else:
+        raise CheckpointError(
+            f"{raw}: analyze lockin takes a run folder or a Lightning .ckpt: it needs θ0, which it rebuilds from the "
+            "checkpoint's hyper-parameters (#base); a Hugging Face model id or folder has none"
+        )
+    return label or folder.name, folder, ckpt
+
+
+def _digest(*tensors: torch.Tensor) -> str:
+    h = hashlib.sha1()
+    for t in tensors:
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:12]
+
+
+def _lockin_run(item: str, args: argparse.Namespace, bases: dict) -> dict:
+    """One run: θ0 (``#base``) and θ_t from its checkpoint, its evaluation windows, the curvature basis at θ0
+    (shared by runs with the same θ0 and calibration set), the final point recomputed, the logged trajectory."""
+    label, folder, ckpt = _lockin_source(item)
+    raw = torch.load(ckpt, map_location="cpu", weights_only=True)
+    module0 = checkpoints.module_from_checkpoint(ckpt, load_state=False)
+    lockin_run = isinstance(module0, LI.LockInFT)
+    plan0 = module0.curv if lockin_run else LI.CURVATURE
+    base = checkpoints.from_module(f"{ckpt}#base", module0, base_only=True)
+    tuned = checkpoints.load(str(ckpt))
+    if not _char_vocab(base.model):
+        raise CheckpointError(
+            f"{item}: the local corpora need litlab's character vocabulary (a TinyGPT base)"
+        )
+    dm = checkpoints.datamodule_from_checkpoint(ckpt)
+    dm_ok = isinstance(dm, DomainEvalData)
+    task = args.task_domain or (dm.domain if dm_ok else None)
+    if task is None:
+        raise ConfigError(
+            f"{item}: its DataModule ({type(dm).__name__ if dm is not None else 'none saved'}) names no task "
+            f"domain for L_T; pass --task-domain (one of {', '.join(DOMAINS)})"
+        )
+    broad = args.broad_domain or (dm.general_domain if dm_ok else "text")
+    own = dm_ok and (task, broad) == (dm.domain, dm.general_domain)
+    if own:
+        task_set, broad_set = dm.eval_set("domain"), dm.eval_set("general")
+    else:
+        block = min(args.block_size, getattr(base.model, "block_size", args.block_size))
+        task_set, broad_set = (domain_eval_set(d, block, args.windows) for d in (task, broad))
+    overrides = {"k": args.k, "lanczos_iters": args.lanczos_iters, "n_cal_windows": args.cal_windows}
+    overrides["seed"] = args.seed
+    plan = dataclasses.replace(plan0, **{k: v for k, v in overrides.items() if v is not None})
+
+    params = dict(base.model.named_parameters())
+    flat = C.FlatParams.of(params)
+    t_params = dict(tuned.model.named_parameters())
+    if set(t_params) != set(params) or any(t_params[n].shape != params[n].shape for n in params):
+        raise CheckpointError(
+            f"{item}: the trained and the #base model do not have the same parameters and shapes"
+        )
+    theta0 = flat.flatten(params)
+    cal = LI.calibration_batches(broad_set, plan.n_cal_windows)
+    key = _digest(theta0, *(b["input_ids"] for b in cal)) + f"-{plan.k}-{plan.lanczos_iters}-{plan.seed}"
+    if key not in bases:
+        # a LockInFT run analysed with its own plan and windows: the basis its fit used (cached per base)
+        path = LI.basis_cache_path(module0.base_cfg, plan) if lockin_run and own and plan == plan0 else None
+        eig = LI.load_basis(path) if path is not None else None
+        source = "the run's cached basis" if eig is not None else "Lanczos"
+        if eig is None:
+            eig = LI.broad_hessian_basis(base.model, cal, plan, flat, theta0)
+            if path is not None:
+                LI.save_basis(eig, path)
+        f = C.lm_loss_fn(base.model, cal, flat, dict(base.model.named_buffers()))
+        check = C.rayleigh_check(C.hessian_operator(f, theta0), eig.values, eig.vectors, args.rayleigh)
+        bases[key] = {
+            "name": f"basis{len(bases)}",
+            "eig": eig,
+            "source": source,
+            "plan": dataclasses.asdict(plan),
+            "broad_domain": broad,
+            "P": flat.size,
+            "rayleigh": check,
+            "runs": [],
+        }
+    basis = bases[key]
+    basis["runs"].append(label)
+    eig = basis["eig"]
+
+    def losses(model, state):
+        return {
+            "L_T": float(D.lm_losses(model, state, task_set).mean()),
+            "L_B": float(D.lm_losses(model, state, broad_set).mean()),
+        }
+
+    start = losses(base.model, base.state())
+    final = losses(tuned.model, tuned.state())
+    final["dL_B"] = final["L_B"] - start["L_B"]
+    delta = (flat.flatten(t_params) - theta0).double()  # as LockInFT: subtract in float32, then to float64
+    final.update(LI.point_probes(delta, eig))
+    final["t"] = int(raw.get("global_step", 0))
+    traj = raw.get("lock_in_trajectory") or None
+    traj_source = "the checkpoint"
+    if traj is None and (folder / "trajectory.json").exists():
+        traj, traj_source = (
+            json.loads((folder / "trajectory.json").read_text())["trajectory"],
+            "trajectory.json",
+        )
+    logged_diff = None
+    if traj is None:
+        first = {**start, "t": 0, "dL_B": 0.0, "drift": 0.0, "h": 0.0, "f": 0.0, "c": 0.0}
+        traj, traj_source = [first, {k: final[k] for k in first}], "θ0 and the final weights (none logged)"
+    else:
+        last = traj[-1]
+        logged_diff = {
+            k: abs(final[k] - last[k]) for k in ("L_T", "L_B", "dL_B", "drift", "h", "f") if k in last
+        }
+    setting = {}
+    if lockin_run:
+        setting = {**dataclasses.asdict(module0.stab), "projection": module0.projection}
+    return {
+        "label": label,
+        "source": str(ckpt),
+        "class": type(module0).__name__,
+        "setting": setting,
+        "task_domain": task,
+        "broad_domain": broad,
+        "eval_sets": "the run's DataModule" if own else f"{args.windows} windows of {args.block_size}",
+        "basis": basis["name"],
+        "start": start,
+        "final": final,
+        "trajectory": list(traj),
+        "trajectory_source": traj_source,
+        "logged_minus_recomputed": logged_diff,
+    }
+
+
+def lockin(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bases: dict[str, dict] = {}
+    runs: dict[str, dict] = {}
+    for item in args.run:
+        r = _lockin_run(item, args, bases)
+        label, n = r["label"], 2
+        while label in runs:
+            label, n = f"{r['label']}#{n}", n + 1
+        r["label"] = label
+        runs[label] = r
+    labels = list(runs)
+    pts = [p for r in runs.values() for p in r["trajectory"]]
+    harm = LI.linear_fit([p["h"] for p in pts], [p["L_B"] for p in pts]) if len(pts) >= 3 else {}
+    if harm:
+        harm["spearman_h_dLB"] = LI.spearman([p["h"] for p in pts], [p["dL_B"] for p in pts])
+        harm["n_points"] = len(pts)
+        harm["collapse_r2"] = LI.collapse_r2([p["L_T"] for p in pts], [p["L_B"] for p in pts])
+        harm["drift_r2"] = LI.drift_r2([p["drift"] for p in pts], [p["L_B"] for p in pts])
+    if len(runs) >= 3:
+        finals = [r["final"] for r in runs.values()]
+        harm["spearman_final_h_dLB"] = LI.spearman([f["h"] for f in finals], [f["dL_B"] for f in finals])
+    per_run_fit = {
+        lab: LI.linear_fit([p["h"] for p in r["trajectory"]], [p["L_B"] for p in r["trajectory"]])["r2"]
+        for lab, r in runs.items()
+        if len(r["trajectory"]) >= 3
+    }
+    ref = runs[labels[0]]
+    comparisons = {lab: LI.bifurcation(ref, runs[lab], args.matched_rel) for lab in labels[1:]}
+
+    md = ["# litlab analyze lockin\n\n"]
+    listed = ", ".join(f"`{lab}` (`{r['source']}`)" for lab, r in runs.items())
+    md.append(f"runs: {listed}; reference `{labels[0]}`\n")
+    md.append("\n## curvature basis at θ0 (broad-loss Hessian, Lanczos with full re-orthogonalisation)\n\n")
+    md.append(
+        "| basis | runs | source | P | k | iters | cal. windows | λ_1 | λ_k | max Rayleigh rel. diff | "
+    )
+    md.append("max residual | pairs with residual < 1e-2 |\n|" + "---|" * 12 + "\n")
+    for b in bases.values():
+        ck, pl = b["rayleigh"], b["plan"]
+        ok = sum(r < 1e-2 for r in ck["residual"])
+        md.append(
+            f"| {b['name']} | {', '.join(b['runs'])} | {b['source']} | {b['P']} | {pl['k']} | {pl['lanczos_iters']} "
+            f"| {pl['n_cal_windows']} ({b['broad_domain']}) | {_fmt(float(b['eig'].values[0]))} | "
+            f"{_fmt(float(b['eig'].values[-1]))} | {_fmt(max(ck['rel_diff']))} | {_fmt(max(ck['residual']))} | "
+            f"{ok}/{len(ck['residual'])} |\n"
+        )
+    md.append("\nRayleigh check (a fresh Hessian product per pair): q_i = v_iᵀHv_i / v_iᵀv_i against λ_i\n\n")
+    md.append("| basis | i | λ_i | q_i | residual |\n|---|---|---|---|---|\n")
+    for b in bases.values():
+        ck = b["rayleigh"]
+        for i in range(min(5, len(ck["value"]))):
+            md.append(
+                f"| {b['name']} | {i + 1} | {_fmt(ck['value'][i])} | {_fmt(ck['rayleigh'][i])} | "
+                f"{_fmt(ck['residual'][i])} |\n"
+            )
+    md.append("\n## final points (recomputed from the weights against the basis above)\n\n")
+    md.append(
+        "| run | setting | L_T | L_B | ΔL_B | drift | h | stiff fraction f | f / (k/P) | c | trajectory from | "
+    )
+    md.append("max abs(logged - recomputed) |\n|" + "---|" * 12 + "\n")
+    for lab, r in runs.items():
+        f = r["final"]
+        setting = ", ".join(f"{k} {v}" for k, v in r["setting"].items()) or r["class"]
+        diff = r["logged_minus_recomputed"]
+        md.append(
+            f"| {lab} | {setting} | {_fmt(f['L_T'])} | {_fmt(f['L_B'])} | {_fmt(f['dL_B'])} | {_fmt(f['drift'])} "
+            f"| {_fmt(f['h'])} | {_fmt(f['f'])} | {_fmt(f['f'] / f['f_floor'])} | {_fmt(f['c'])} | "
+            f"{r['trajectory_source']} | {_fmt(max(diff.values())) if diff else '-'} |\n"
+        )
+    if harm:
+        md.append("\n## harm signal against the broad loss (pooled over the runs' (run, t) points)\n\n")
+        md.append(f"- linear fit L_B = {_fmt(harm['intercept'])} + {_fmt(harm['slope'])} · h_t: ")
+        md.append(f"R² {_fmt(harm['r2'])} over {harm['n_points']} points\n")
+        md.append(f"- Spearman(h_t, ΔL_B) pooled: {_fmt(harm['spearman_h_dLB'])}\n")
+        if "spearman_final_h_dLB" in harm:
+            md.append(f"- Spearman(final h, final ΔL_B) over the {len(runs)} runs: ")
+            md.append(f"{_fmt(harm['spearman_final_h_dLB'])}\n")
+        md.append(f"- collapse R²_T (isotonic L_B on L_T) {_fmt(harm['collapse_r2'])}; ")
+        md.append(f"R²_d (isotonic L_B on drift) {_fmt(harm['drift_r2'])}\n")
+        md += [f"- {lab}: R² of its own points {_fmt(v)}\n" for lab, v in per_run_fit.items()]
+        md.append("\n(the trajectories' h_t and f_t are the ones each run logged, against its own basis)\n")
+    if comparisons:
+        md.append(f"\n## bifurcation against `{labels[0]}`\n\n")
+        md.append(
+            "| run | ΔL_T | drift ratio | f ratio | L_B gain (final) | witness | curve dev. (signed) | "
+        )
+        md.append("ref. noise | L* | gain at L* | §7.6 check |\n|" + "---|" * 11 + "\n")
+        for lab, c in comparisons.items():
+            md.append(
+                f"| {lab} | {_fmt(c['dL_T'])} | {_fmt(c['drift_ratio'])} | {_fmt(c['f_ratio'])} | "
+                f"{_fmt(c['broad_gain'])} | {c['witness']} | {_fmt(c['dev'])} ({_fmt(c['dev_signed'])}, "
+                f"{c['n_in_range']} pts) | {_fmt(c['ref_noise'])} | {_fmt(c['L_star'])} | {_fmt(c['gain_matched'])} "
+                f"| {'pass' if c['check_7_6'] else 'fail'} |\n"
+            )
+        md.append(
+            "\n§7.6 check: |ΔL_T| < 0.05, drift ratio in [0.95, 1.05], L_B gain >= 0.3; witness: drift within 10 %, "
+            "ΔL_B differing by >= 1.5x; curve dev.: mean |L_B - Φ_ref(L_T)| over the run's points in the "
+            "reference's L_T range; gain at L*: L_B(ref) - L_B(run) at each one's first point with L_T <= L*.\n"
+        )
+    spectra = {
+        b["name"]: {"ritz_all": b["eig"].ritz_all.tolist(), "rayleigh": b["rayleigh"]} for b in bases.values()
+    }
+    figures = LI.write_analysis_figures(runs, spectra, harm, out)
+    md.append(f"\nfigures: {', '.join(f'`{p.name}`' for p in figures)}\n")
+    results = {
+        "runs": {lab: {k: v for k, v in r.items() if k != "label"} for lab, r in runs.items()},
+        "bases": {
+            b["name"]: {
+                **{k: v for k, v in b.items() if k not in ("eig", "name")},
+                "values": b["eig"].values.tolist(),
+                "lanczos_residuals": b["eig"].residuals.tolist(),
+                "ritz_all": b["eig"].ritz_all.tolist(),
+            }
+            for b in bases.values()
+        },
+        "harm_fit": {**harm, "per_run_r2": per_run_fit},
+        "reference": labels[0],
+        "bifurcation": comparisons,
+    }
+    atomic_write_json(out / "results.json", results)
+    atomic_write_text(out / "report.md", "".join(md))
+    print("".join(md))
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.kind == "diffract":
         return diffract(args)
     if args.kind == "complexity":
         return complexity(args)
+    if args.kind == "lockin":
+        return lockin(args)
     print(f"litlab analyze: unknown kind {args.kind}", file=sys.stderr)
     return 2
 

@@ -14,4 +14,8 @@ to any ``litlab fit``:
 * ``complexity_coding.py`` the bit accounting of task complexity (arithmetic / KT / prequential codes, frontier);
 * ``task_complexity.py`` task complexity (bits to reach a target): the strategies, their rate–accuracy frontiers
   per checkpoint state and the ``TaskComplexity`` module.
+* ``curvature.py`` Hessian-vector products (``torch.func``), Lanczos with full re-orthogonalisation, the Rayleigh
+  check of eigenpairs, power iteration, Hutchinson's trace;
+* ``lock_in.py``   trajectory lock-in: harm signal, stiff-mode fraction, soft-mode projection, collapse and
+  bifurcation statistics, the ``LockInFT`` module, and what ``litlab analyze lockin`` compares between runs.
 """

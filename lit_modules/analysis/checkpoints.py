@@ -38,7 +38,20 @@ class Loaded:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
 
-def _module_from_checkpoint(path: Path, load_state: bool = True) -> nn.Module:
+def _instantiate(class_path: str, init: dict, key: str):
+    """``class_path(**init)`` through jsonargparse, as LightningCLI builds it (nested config parts included)."""
+    from jsonargparse import ArgumentParser
+
+    module_name, _, cls_name = class_path.rpartition(".")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, key)
+    cfg = parser.parse_object({key: init})
+    return getattr(parser.instantiate_classes(cfg), key)
+
+
+def module_from_checkpoint(path: Path, load_state: bool = True) -> nn.Module:
+    """The LightningModule of a checkpoint, rebuilt from its ``hyper_parameters`` (and its state loaded)."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     hp = dict(ckpt.get("hyper_parameters") or {})
     class_path = hp.pop("_class_path", None)
@@ -48,17 +61,20 @@ def _module_from_checkpoint(path: Path, load_state: bool = True) -> nn.Module:
             f"{path}: no '_class_path' in its hyper_parameters, so the module cannot be rebuilt (was it written "
             "by LightningCLI / litlab fit?)"
         )
-    from jsonargparse import ArgumentParser
-
-    module_name, _, cls_name = class_path.rpartition(".")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(cls, "module")
-    cfg = parser.parse_object({"module": hp})
-    module = parser.instantiate_classes(cfg).module
+    module = _instantiate(class_path, hp, "module")
     if load_state:
         module.load_state_dict(ckpt["state_dict"])
     return module
+
+
+def datamodule_from_checkpoint(path: Path):
+    """The run's DataModule rebuilt from the checkpoint's ``datamodule_hyper_parameters`` (LightningCLI stores its
+    ``_class_path``), or None when the checkpoint holds none."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    hp = dict(ckpt.get("datamodule_hyper_parameters") or {})
+    class_path = hp.pop("_class_path", None)
+    hp.pop("_instantiator", None)
+    return None if class_path is None else _instantiate(class_path, hp, "data")
 
 
 def _inner_model(module: nn.Module) -> nn.Module:
@@ -106,11 +122,19 @@ def load(source: str) -> Loaded:
     if path.suffix == ".ckpt":
         if not path.exists():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
-        model = _inner_model(_module_from_checkpoint(path, load_state=not base_only))
-    else:
-        if base_only:
-            raise ValueError(f"'#base' applies to Lightning checkpoints, not to {raw}")
-        model = load_causal_lm(raw, dtype="float32")
+        return from_module(source, module_from_checkpoint(path, load_state=not base_only), base_only)
+    if base_only:
+        raise ValueError(f"'#base' applies to Lightning checkpoints, not to {raw}")
+    return _frozen_plain(source, load_causal_lm(raw, dtype="float32"))
+
+
+def from_module(source: str, module: nn.Module, base_only: bool = False) -> Loaded:
+    """The plain, frozen, eval-mode model inside a LightningModule (its ``model``/``backbone``/``net``), adapters
+    merged (or dropped with ``base_only``)."""
+    return _frozen_plain(source, _inner_model(module), base_only)
+
+
+def _frozen_plain(source: str, model: nn.Module, base_only: bool = False) -> Loaded:
     model = plain_model(model, base_only).eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -149,3 +149,23 @@ def hutchinson_trace(matvec: Matvec, dim: int, probes: int = 32, seed: int = 0) 
         z = torch.randint(0, 2, (dim,), generator=g).double() * 2 - 1
         total += float(torch.dot(z, matvec(z).double()))
     return total / probes
+
+
+def rayleigh_check(
+    matvec: Matvec, values: Tensor, vectors: Tensor, n: int | None = None
+) -> dict[str, list[float]]:
+    """An independent check of eigenpairs ``(λ_i, v_i)`` (columns of ``vectors``) with one fresh product each, for
+    the first ``n`` pairs (default all): the Rayleigh quotient ``q_i = v_iᵀ H v_i / v_iᵀ v_i`` (a Ritz vector's
+    quotient is its Ritz value), ``|q_i - λ_i| / |λ_i|`` and the residual ``||H v_i - λ_i v_i|| / (|λ_i| ||v_i||)``
+    (the spec's acceptance test: below 1e-2), in float64."""
+    n = vectors.shape[1] if n is None else min(n, vectors.shape[1])
+    out: dict[str, list[float]] = {"value": [], "rayleigh": [], "rel_diff": [], "residual": []}
+    for i in range(n):
+        v, lam = vectors[:, i].double(), float(values[i])
+        hv = matvec(v).double()
+        q = float(torch.dot(v, hv) / torch.dot(v, v))
+        out["value"].append(lam)
+        out["rayleigh"].append(q)
+        out["rel_diff"].append(abs(q - lam) / abs(lam) if lam != 0 else abs(q))
+        out["residual"].append(float((hv - lam * v).norm() / (abs(lam) * v.norm())) if lam != 0 else math.inf)
+    return out

@@ -22,22 +22,24 @@ Algorithm, as reconstructed (our numbering):
     ratio of the windowed update stream (Σμ)²/Σμ².
 
 This file holds steps 3-5 and the probes as pure functions, and ``LockInFT`` (steps 1-4 on litlab's tiny LM: task
-= the ``math`` domain, broad = held-out docstrings). The layer-wise (K-FAC / input-covariance) basis, EWC, early
-stopping, LoRA-rank and freezing stabilisers, and the task accuracy A_T are not built yet.
+= the ``math`` domain, broad = held-out docstrings); ``litlab analyze lockin`` runs step 1 and the offline
+comparison of saved runs (``point_probes``, ``linear_fit``, ``curve_deviation``, ``bifurcation``, the figures) on
+their checkpoints. The layer-wise (K-FAC / input-covariance) basis, EWC, early stopping, LoRA-rank and freezing
+stabilisers, and the task accuracy A_T are not built yet.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from litlab.lit_modules.analysis import curvature as C
 from litlab.lit_modules.analysis.contract import check_data
@@ -163,6 +165,204 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return float((rx * ry).sum() / (rx.norm() * ry.norm()))
 
 
+# ---- offline comparison of saved runs (``litlab analyze lockin``) ---------------------------------------------
+def point_probes(delta: Tensor, eig: C.Eigen) -> dict[str, float]:
+    """Step 3 at one point, for ``delta = θ_t - θ0`` (float64; subtract in the parameters' dtype first, as the
+    module does): drift ``d``, harm ``h``, stiff fraction ``f``, curvature share ``c``, and ``f_floor = k / P``, the
+    expected ``f`` of a direction drawn uniformly at random (the scale ``f`` is read against)."""
+    V = eig.vectors.double()
+    d = float(delta.norm())
+    h = harm_signal(delta, eig.values, V)
+    return {
+        "drift": d,
+        "h": h,
+        "f": stiff_fraction(delta, V),
+        "c": curvature_share(h, float(eig.values[0]), d),
+        "f_floor": V.shape[1] / V.shape[0],
+    }
+
+
+def linear_fit(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
+    """Least squares ``y = intercept + slope · x`` and its ``r2``."""
+    X = torch.stack([torch.ones(len(x), dtype=torch.float64), torch.as_tensor(x, dtype=torch.float64)], 1)
+    yv = torch.as_tensor(y, dtype=torch.float64)
+    coef = torch.linalg.lstsq(X, yv[:, None]).solution
+    return {
+        "intercept": float(coef[0, 0]),
+        "slope": float(coef[1, 0]),
+        "r2": r2(yv.tolist(), (X @ coef)[:, 0].tolist()),
+    }
+
+
+def curve_at(x_fit: Sequence[float], y_fit: Sequence[float], x: Sequence[float]) -> list[float | None]:
+    """A fitted curve given by its points ``(x_fit, y_fit)`` (tied ``x`` averaged), linearly interpolated at each
+    ``x``; None outside ``[min x_fit, max x_fit]`` (no extrapolation)."""
+    xs, ys = torch.as_tensor(x_fit, dtype=torch.float64), torch.as_tensor(y_fit, dtype=torch.float64)
+    ux, inv = torch.unique(xs, sorted=True, return_inverse=True)
+    uy = torch.zeros_like(ux).index_add_(0, inv, ys) / torch.bincount(inv, minlength=len(ux)).double()
+    out: list[float | None] = []
+    for v in x:
+        if not float(ux[0]) <= v <= float(ux[-1]):
+            out.append(None)
+            continue
+        j = min(int(torch.searchsorted(ux, torch.tensor(v, dtype=torch.float64), right=True)), len(ux) - 1)
+        i = max(j - 1, 0)
+        x0, x1, y0, y1 = float(ux[i]), float(ux[j]), float(uy[i]), float(uy[j])
+        out.append(y0 if x1 == x0 else y0 + (y1 - y0) * (v - x0) / (x1 - x0))
+    return out
+
+
+def curve_deviation(reference: Sequence[dict], run: Sequence[dict]) -> dict[str, float | int | None]:
+    """How far a run's ``(L_T, L_B)`` points sit from the reference run's own degradation curve ``Φ_ref`` (the
+    isotonic fit of the reference's points, interpolated between them): over the run's points whose ``L_T`` lies in
+    the reference's range (``n_in_range``), ``dev = mean |L_B - Φ_ref(L_T)|`` and ``dev_signed`` (negative: lower
+    broad loss than the reference at the same task loss); ``ref_noise`` = the reference's own mean residual
+    ``|L_B - Φ_ref(L_T)|``, the scale a departure from the curve is read against."""
+    lt, lb = [p["L_T"] for p in reference], [p["L_B"] for p in reference]
+    fit = isotonic_decreasing(lt, lb)
+    noise = float((torch.as_tensor(lb, dtype=torch.float64) - fit).abs().mean())
+    phi = curve_at(lt, fit.tolist(), [p["L_T"] for p in run])
+    dev = [p["L_B"] - v for p, v in zip(run, phi) if v is not None]
+    return {
+        "n_in_range": len(dev),
+        "dev": sum(abs(d) for d in dev) / len(dev) if dev else None,
+        "dev_signed": sum(dev) / len(dev) if dev else None,
+        "ref_noise": noise,
+    }
+
+
+def matched_point(trajectory: Sequence[dict], target: float) -> dict | None:
+    """The first point with ``L_T <= target`` (the matched-performance point), or None."""
+    return next((p for p in trajectory if p["L_T"] <= target), None)
+
+
+# the reconstruction's bifurcation test (spec §7.6): equal task loss, equal drift, broad loss lower by a margin
+BIFURCATION_TASK_TOL, BIFURCATION_DRIFT = 0.05, (0.95, 1.05)
+BIFURCATION_MARGIN = 0.3
+
+
+def bifurcation(
+    reference: dict, run: dict, matched_rel: float = 0.02, tol: float = 0.1, ratio: float = 1.5
+) -> dict[str, float | bool | None]:
+    """The spectral-bifurcation comparison of ``run`` against ``reference`` (each ``{"final": point, "trajectory":
+    points}``, points with ``L_T, L_B, dL_B, drift, f``): final differences (``dL_T``, ``drift_ratio``, ``f_ratio``,
+    ``broad_gain = L_B(ref) - L_B(run)``); the drift-paradox witness of the two final points; the run's departure
+    from the reference's curve (``curve_deviation``); the matched-performance comparison at
+    ``L* = (1 + matched_rel) · L_T(ref, final)`` (``gain_matched`` = ``L_B`` of the reference minus the run's, at
+    each one's first point with ``L_T <= L*``; None if one never gets there); ``check_7_6``: ``|dL_T| < 0.05``, drift
+    ratio in [0.95, 1.05] and ``broad_gain >= 0.3``."""
+    a, b = reference["final"], run["final"]
+    out: dict[str, float | bool | None] = {
+        "dL_T": b["L_T"] - a["L_T"],
+        "drift_ratio": b["drift"] / a["drift"] if a["drift"] > 0 else None,
+        "f_ratio": b["f"] / a["f"] if a["f"] > 0 else None,
+        "broad_gain": a["L_B"] - b["L_B"],
+        "witness": bool(paradox_witnesses([a["drift"], b["drift"]], [a["dL_B"], b["dL_B"]], tol, ratio)),
+    }
+    out.update(curve_deviation(reference["trajectory"], run["trajectory"]))
+    target = (1 + matched_rel) * a["L_T"]
+    pa, pb = matched_point(reference["trajectory"], target), matched_point(run["trajectory"], target)
+    out["L_star"] = target
+    out["t_matched_ref"], out["t_matched"] = (pa or {}).get("t"), (pb or {}).get("t")
+    out["gain_matched"] = pa["L_B"] - pb["L_B"] if pa and pb else None
+    lo, hi = BIFURCATION_DRIFT
+    out["check_7_6"] = bool(
+        abs(out["dL_T"]) < BIFURCATION_TASK_TOL
+        and out["drift_ratio"] is not None
+        and lo <= out["drift_ratio"] <= hi
+        and out["broad_gain"] >= BIFURCATION_MARGIN
+    )
+    return out
+
+
+def write_analysis_figures(
+    runs: Mapping[str, dict], spectra: Mapping[str, dict], harm_fit: Mapping[str, float], out_dir: Path
+) -> list[Path]:
+    """The report figures of ``litlab analyze lockin`` (spec §5 plots 1-5): ``lockin_curves.png`` (L_B vs L_T with
+    the reference's isotonic curve; L_B vs drift), ``lockin_harm.png`` (L_B vs h_t with the pooled linear fit; h_t
+    over steps), ``lockin_stiff.png`` (f_t over steps against the random floor k/P) and ``lockin_spectrum.png``
+    (Ritz values at θ0 with the Rayleigh quotients of the re-checked pairs). ``runs``: label → ``{"trajectory",
+    "final"}``, the first is the reference; ``spectra``: basis name → ``{"ritz_all", "rayleigh"}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    labels = list(runs)
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    for label in labels:
+        tr = runs[label]["trajectory"]
+        ax[0].plot([p["L_T"] for p in tr], [p["L_B"] for p in tr], marker=".", label=label)
+        ax[1].plot([p["drift"] for p in tr], [p["L_B"] for p in tr], marker=".", label=label)
+    ref = runs[labels[0]]["trajectory"]
+    fit = isotonic_decreasing([p["L_T"] for p in ref], [p["L_B"] for p in ref]).tolist()
+    pts = sorted(zip([p["L_T"] for p in ref], fit))
+    ax[0].plot([x for x, _ in pts], [y for _, y in pts], "k--", lw=0.8, label=f"Φ of {labels[0]} (isotonic)")
+    ax[0].set(xlabel="task loss L_T", ylabel="broad loss L_B", title="degradation curves")
+    ax[0].invert_xaxis()
+    ax[1].set(xlabel="drift ||θ - θ0||", ylabel="L_B", title="broad loss against drift")
+    ax[0].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "lockin_curves.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    hs = []
+    for label in labels:
+        tr = runs[label]["trajectory"]
+        hs += [p["h"] for p in tr]
+        ax[0].scatter([p["h"] for p in tr], [p["L_B"] for p in tr], s=12, label=label)
+        ax[1].plot([p["t"] for p in tr], [p["h"] for p in tr], marker=".", label=label)
+    if hs and harm_fit:
+        xs = [min(hs), max(hs)]
+        ax[0].plot(xs, [harm_fit["intercept"] + harm_fit["slope"] * x for x in xs], "k--", lw=0.8)
+        ax[0].set_title(
+            f"L_B = {harm_fit['intercept']:.3g} + {harm_fit['slope']:.3g} h   (R² {harm_fit['r2']:.3f})"
+        )
+    ax[0].set(xlabel="harm signal h_t", ylabel="L_B")
+    ax[1].set(xlabel="step t", ylabel="h_t", title="harm signal")
+    ax[0].legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "lockin_harm.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for label in labels:
+        tr = runs[label]["trajectory"]
+        ax.plot([p["t"] for p in tr], [p["f"] for p in tr], marker=".", label=label)
+    floor = runs[labels[0]]["final"]["f_floor"]
+    ax.axhline(floor, color="grey", ls=":", lw=0.8, label="random floor k/P")
+    ax.set_yscale("symlog", linthresh=max(floor / 10, 1e-12))
+    ax.set(xlabel="step t", ylabel="stiff-mode fraction f_t", title="stiff-mode energy (bifurcation: f → 0)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "lockin_stiff.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name, sp in spectra.items():
+        ritz = sp["ritz_all"]
+        ax.plot(range(1, len(ritz) + 1), ritz, marker=".", lw=0.8, label=f"{name}: Ritz values")
+        q = sp["rayleigh"]["rayleigh"]
+        ax.scatter(range(1, len(q) + 1), q, marker="x", s=30, label=f"{name}: Rayleigh quotients")
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set(
+        xlabel="index i", ylabel="λ_i of the broad-loss Hessian at θ0", title="curvature spectrum (Lanczos)"
+    )
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out_dir / "lockin_spectrum.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
 # ---- probes of the update subspace --------------------------------------------------------------------------
 def erank_energy(dW: Tensor) -> float:
     """``exp(H(p))`` with ``p_i = s_i² / Σ s²`` (0 for dW = 0)."""
@@ -208,6 +408,58 @@ class CurvatureBasisPlan:
     seed: int = 0
 
 
+def calibration_batches(general: Mapping[str, Tensor], n_windows: int, batch_size: int = 32) -> list[dict]:
+    """The calibration set C_B: the first ``n_windows`` broad windows, in batches of ``batch_size``."""
+    cal = {k: v[:n_windows] for k, v in general.items()}
+    n = cal["input_ids"].shape[0]
+    return [{k: v[i : i + batch_size] for k, v in cal.items()} for i in range(0, n, batch_size)]
+
+
+def broad_hessian_basis(
+    model: nn.Module,
+    batches: Sequence[Mapping[str, Tensor]],
+    plan: CurvatureBasisPlan,
+    flat: C.FlatParams | None = None,
+    theta0: Tensor | None = None,
+) -> C.Eigen:
+    """Step 1: the top-``plan.k`` Lanczos pairs (``plan.lanczos_iters`` steps, start vector from ``plan.seed``) of
+    the Hessian of the mean next-token CE over ``batches`` at ``theta0`` (default: the model's own parameters,
+    flattened over ``named_parameters()``), in eval mode and on one thread (the basis must not depend on the
+    process's thread count); vectors in float32."""
+    params = dict(model.named_parameters())
+    flat = flat if flat is not None else C.FlatParams.of(params)
+    if theta0 is None:
+        theta0 = flat.flatten({k: v.detach() for k, v in params.items()})
+    f = C.lm_loss_fn(model, batches, flat, dict(model.named_buffers()))
+    was, threads = model.training, torch.get_num_threads()
+    model.eval()
+    torch.set_num_threads(1)  # the cached artifact must not depend on the process's thread count
+    try:
+        eig = C.lanczos(C.hessian_operator(f, theta0), flat.size, plan.k, plan.lanczos_iters, plan.seed)
+    finally:
+        torch.set_num_threads(threads)
+        model.train(was)
+    return C.Eigen(eig.values, eig.vectors.float(), eig.residuals, eig.ritz_all)
+
+
+def basis_cache_path(base: TinyBase, plan: CurvatureBasisPlan) -> Path:
+    """Where ``LockInFT`` caches the basis of a tiny base (keyed by the base recipe and the plan)."""
+    key = cache_key({"base": dataclasses.asdict(base), "curv": dataclasses.asdict(plan)})
+    return cache_dir() / f"lockin_basis-{key}.pt"
+
+
+def load_basis(path: Path) -> C.Eigen | None:
+    if not path.exists():
+        return None
+    d = torch.load(path, weights_only=True)
+    return C.Eigen(d["values"], d["vectors"], d["residuals"], d["ritz_all"])
+
+
+def save_basis(eig: C.Eigen, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(dataclasses.asdict(eig), tmp)
+
+
 LOCKIN_BASE = TinyBase(heads=4)
 STABILIZER = Stabilizer()
 CURVATURE = CurvatureBasisPlan()
@@ -251,35 +503,13 @@ class LockInFT(L.LightningModule):
     def curvature_basis(self) -> C.Eigen:
         if self.basis is not None:
             return self.basis
-        key = cache_key({"base": dataclasses.asdict(self.base_cfg), "curv": dataclasses.asdict(self.curv)})
-        path = cache_dir() / f"lockin_basis-{key}.pt"
-        if path.exists():
-            d = torch.load(path, weights_only=True)
-            self.basis = C.Eigen(d["values"], d["vectors"], d["residuals"], d["ritz_all"])
+        path = basis_cache_path(self.base_cfg, self.curv)
+        self.basis = load_basis(path)
+        if self.basis is not None:
             return self.basis
-        cal = self.trainer.datamodule.eval_set("general")
-        cal = {k: v[: self.curv.n_cal_windows] for k, v in cal.items()}
-        batches = [
-            {k: v[i : i + 32] for k, v in cal.items()} for i in range(0, cal["input_ids"].shape[0], 32)
-        ]
-        f = C.lm_loss_fn(self.model, batches, self.flat, dict(self.model.named_buffers()))
-        was, threads = self.model.training, torch.get_num_threads()
-        self.model.eval()
-        torch.set_num_threads(1)  # the cached artifact must not depend on the process's thread count
-        try:
-            eig = C.lanczos(
-                C.hessian_operator(f, self.theta0),
-                self.flat.size,
-                self.curv.k,
-                self.curv.lanczos_iters,
-                self.curv.seed,
-            )
-        finally:
-            torch.set_num_threads(threads)
-            self.model.train(was)
-        eig = C.Eigen(eig.values, eig.vectors.float(), eig.residuals, eig.ritz_all)
-        with atomic_path(path) as tmp:
-            torch.save(dataclasses.asdict(eig), tmp)
+        batches = calibration_batches(self.trainer.datamodule.eval_set("general"), self.curv.n_cal_windows)
+        eig = broad_hessian_basis(self.model, batches, self.curv, self.flat, self.theta0)
+        save_basis(eig, path)
         self.basis = eig
         return eig
 
@@ -384,10 +614,7 @@ STANDARD_RUNS = ("lr1e-4", "lr3e-4", "lr1e-3", "l2sp")
 
 
 def _linear_r2(x: Sequence[float], y: Sequence[float]) -> float:
-    X = torch.stack([torch.ones(len(x), dtype=torch.float64), torch.as_tensor(x, dtype=torch.float64)], 1)
-    yv = torch.as_tensor(y, dtype=torch.float64)
-    coef = torch.linalg.lstsq(X, yv[:, None]).solution
-    return r2(yv.tolist(), (X @ coef)[:, 0].tolist())
+    return linear_fit(x, y)["r2"]
 
 
 def lock_in_statistics(trajectories: dict[str, list[dict]]) -> dict[str, float]:
