@@ -59,10 +59,10 @@ demo: install
 	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/litlab repro lokra
 
 test: install-dev lint
-	WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q --durations=10 --timeout=$(TEST_TIMEOUT_S) --timeout-method=thread
+	PYTHONSAFEPATH=1 WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q --durations=10 --timeout=$(TEST_TIMEOUT_S) --timeout-method=thread
 
 test-slow: install-dev
-	WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m slow
+	PYTHONSAFEPATH=1 WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m slow
 
 # ruff's lint rules and its formatter (pyproject [tool.ruff]); .pre-commit-config.yaml runs the same two
 lint: install-dev

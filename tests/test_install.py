@@ -4,6 +4,7 @@ shadows a PyPI distribution (Hugging Face's ``kernels``, which transformers impo
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -68,4 +69,31 @@ def test_the_wheel_installs_one_top_level_name_beside_hugging_face_kernels(tmp_p
     ).stdout.split()
     assert out[0] == str(site / "kernels" / "__init__.py")
     assert out[1] == str(site / "litlab" / "kernels" / "dispatch.py")
-    assert out[2:] == ["0.17.2", "True"]
+    # the version read is the first `kernels` distribution on sys.path: the stand-in, or the real one where
+    # transformers (>= 5.25 depends on it) installed it into this environment
+    assert out[2] != "" and out[3] == "True"
+
+
+def test_hugging_face_kernels_is_not_shadowed_from_the_checkout_root():
+    """From the checkout's root, `python -c` / `python -m litlab` put the checkout on sys.path, where its `kernels/`
+    folder would hide Hugging Face's `kernels` (a dependency of transformers >= 5.25, imported when a model loads):
+    importing litlab takes the checkout off sys.path first. As `litlab repro --jobs` starts its workers."""
+    probe = (
+        "import sys, litlab, importlib.util\n"
+        "spec = importlib.util.find_spec('kernels')\n"
+        "print(spec.origin if spec else None)\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "LlamaForCausalLM(LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, "
+        "num_attention_heads=2, num_key_value_heads=1, vocab_size=11))\n"
+        "print('loaded')"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    origin, loaded = out.stdout.split()
+    assert (
+        Path(origin).resolve() != (ROOT / "kernels" / "__init__.py").resolve() if origin != "None" else True
+    )
+    assert loaded == "loaded"
