@@ -170,6 +170,8 @@ def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path)
         "LITLAB_REPRO_PID": str(os.getpid()),
     }
     code = "import sys; from litlab.repro import _worker_loop; sys.exit(_worker_loop())"
+    # -P: the working directory is not put on sys.path. In a checkout its top-level `kernels/` folder would
+    # shadow the `kernels` distribution that transformers imports (ImportError in every worker's fit).
     pending: queue.Queue[str] = queue.Queue()
     for key in jobs:
         pending.put(key)
@@ -177,7 +179,7 @@ def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path)
 
     def serve() -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-c", code],
+            [sys.executable, "-P", "-c", code],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
