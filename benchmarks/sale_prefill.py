@@ -59,12 +59,19 @@ def _timed(fn, device):
 
 
 def attention_timing(
-    n: int, H: int = 4, d: int = 64, tau: float = 0.01, reps: int = 3, device: str = "cpu", seed: int = 1
+    n: int,
+    H: int = 4,
+    d: int = 64,
+    tau: float = 0.01,
+    reps: int = 3,
+    device: str = "cpu",
+    seed: int = 1,
+    dtype: torch.dtype = torch.float32,
 ) -> dict:
     """One layer at ``n`` tokens: medians of each piece (seconds), ratios to dense, densities and output errors."""
     sel_impl, sparse_impl = ("triton", "triton") if device == "cuda" else ("int8", "flex")
     cfg = SALEConfig(impl=sel_impl)
-    q, k, v = (t[None].to(device) for t in sink_needle_inputs(H, n, d, n_needles=n // 16, seed=seed))
+    q, k, v = (t[None].to(device, dtype) for t in sink_needle_inputs(H, n, d, n_needles=n // 16, seed=seed))
 
     def sale_select():
         quant = smooth_quantize(q, k, cfg.bits)
@@ -104,6 +111,7 @@ def attention_timing(
         heads=H,
         head_dim=d,
         tau=tau,
+        dtype=str(dtype).removeprefix("torch."),
         first_call_s=first_call_s,
         density=block_density(mask, n, cfg.block_q, cfg.block_k),
         pooled_density=block_density(pmask, n, cfg.block_q, cfg.block_k),
@@ -184,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="q, k, v dtype (the paper's GPU setting is half precision)",
+    )
     p.add_argument("--smollm2", action="store_true", help="also time one SmolLM2 prompt's whole prefill")
     p.add_argument("--smollm2-len", type=int, default=2048)
     p.add_argument("--json", type=Path, default=None, help="write every number here")
@@ -201,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.lengths:
-        r = attention_timing(n, args.heads, tau=args.tau, reps=args.reps, device=args.device)
+        r = attention_timing(
+            n, args.heads, tau=args.tau, reps=args.reps, device=args.device, dtype=getattr(torch, args.dtype)
+        )
         record["attention"].append(r)
         print(
             f"| {n} | {r['dense_s']:.3f} | {r['quant_s'] + r['select_s']:.3f} | {r['sparse_s']:.3f} "
