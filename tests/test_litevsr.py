@@ -279,6 +279,8 @@ def test_freezing_bit_identical_and_fraction(short_fit):
     for k in (1, 2):
         assert math.isfinite(float(m[f"val/psnr_k{k}"])) and f"val/struct_attn_mass_k{k}_s0" in m
     assert "val/struct_attn_mass_k2_s1" in m
+    gap = float(m["val/psnr_k2"]) - float(m["val/psnr_k1"])
+    assert float(m["val/psnr_gap_k2_k1"]) == pytest.approx(gap, abs=1e-5)
     assert (Path(trainer.default_root_dir) / "vsr_samples.safetensors").exists()
 
 

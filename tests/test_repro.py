@@ -124,8 +124,18 @@ report_hook: tests.test_repro:ratio_hook
 """
 
 
-def test_report_hook_adds_figures_sections_and_derived_claims(tmp_path):
-    path = write_card(tmp_path, TINY_CARD + HOOK_CLAIM)
+def test_report_hook_adds_figures_sections_and_derived_claims(tmp_path, monkeypatch):
+    # importing litlab takes the checkout root off sys.path (its kernels/ would shadow Hugging Face's kernels),
+    # so `tests.test_repro` is not importable by name: the hook lives in a module of its own in tmp_path
+    import inspect
+
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    source = "from litlab.lit_modules.core.results import ReportExtras\n\n\n" + inspect.getsource(ratio_hook)
+    (hooks / "tiny_card_hooks.py").write_text(source)
+    monkeypatch.syspath_prepend(str(hooks))
+    claim = HOOK_CLAIM.replace("tests.test_repro:ratio_hook", "tiny_card_hooks:ratio_hook")
+    path = write_card(tmp_path, TINY_CARD + claim)
     out = tmp_path / "repro"
     assert repro_main([str(path), "--out", str(out), "--only", "lora,plus", "--record"]) == 0
     report = (out / "tiny" / "report.md").read_text()

@@ -18,7 +18,8 @@ trains only ``conditioner.parameters()`` and evaluates every method the same way
 
 Validation runs once, after the last training step, on the held-out clips, for every K in ``val_steps`` with
 the same noise for every method (seeded by ``eval_seed`` and the batch): ``val/psnr_k{K}``, ``val/ssim_k{K}``
-(torchmetrics, frames in [0, 1], per-frame mean), ``val/tde_k{K}`` (``TemporalDifferenceError``), the bicubic
+(torchmetrics, frames in [0, 1], per-frame mean), ``val/tde_k{K}`` (``TemporalDifferenceError``),
+``val/psnr_gap_k{K}_k1`` (``psnr_k{K} − psnr_k1`` of the same fit, when K = 1 is among the steps), the bicubic
 input's ``val/psnr_bicubic`` / ``ssim`` / ``tde``, ``val/struct_attn_mass_k{K}_s{i}`` when the conditioner has
 one, ``val/trainable_frac`` (``|phi| / |theta_DiT|``), ``val/trainable_params`` and ``val/backbone_changed`` (the
 number of backbone tensors that are no longer bit-identical; the fit raises at its end if it is not 0).
@@ -275,6 +276,10 @@ class FrozenDiTVSR(L.LightningModule):
             self.psnr[key].reset()
             self.ssim[key].reset()
             self.tde[key].reset()
+        if 1 in self.val_steps:  # the single-step gap (spec §7.7: K = 1 within 1.0 dB of K = 8), per fit
+            for k in self.val_steps:
+                if k != 1:
+                    out[f"val/psnr_gap_k{k}_k1"] = out[f"val/psnr_k{k}"] - out["val/psnr_k1"]
         for (k, i), ms in sorted(self._mass.items()):
             out[f"val/struct_attn_mass_k{k}_s{i}"] = torch.cat(ms).mean()
         self._mass.clear()
