@@ -17,6 +17,8 @@ import pytest
 import torch
 import yaml
 
+from litlab.callbacks.frozen_guard import FrozenParamGuard
+from litlab.callbacks.trainable_fraction import TrainableFractionLogger
 from litlab.lit_modules.diffusion.dit import TinyDiT, TinyDiTConfig, wan_1_3b_config, wan_transformer
 from litlab.lit_modules.diffusion.flow_matching import FlowMatchingObjective
 from litlab.lit_modules.diffusion.hints import BlockHintInjector
@@ -253,7 +255,7 @@ def short_fit(tmp_path_factory):
         enable_model_summary=False,
         num_sanity_val_steps=0,
         default_root_dir=str(tmp / "run"),
-        callbacks=[Watch()],
+        callbacks=[Watch(), FrozenParamGuard(["backbone"]), TrainableFractionLogger("backbone.transformer")],
     )
     trainer.fit(model, datamodule=dm)
     fresh = pretrained_tiny_dit(SMALL, dm, 0)  # the cached backbone, as before training
@@ -418,6 +420,17 @@ def test_quick_config_parses():
     ns = parser.parse_object({"model": cfg["model"]["init_args"], "data": cfg["data"]["init_args"]})
     assert ns.model.variant == "litevsr"
     assert cfg["model"]["class_path"] == "litlab.lit_modules.diffusion.litevsr.LiteVSR"
+    # the probes the card reads (val/backbone_changed, val/trainable_frac) are the configs' callbacks
+    for name in ("quick", "full"):
+        callbacks = yaml.safe_load((ROOT / f"configs/litevsr/{name}.yaml").read_text())["trainer"][
+            "callbacks"
+        ]
+        assert [c["class_path"].rsplit(".", 1)[1] for c in callbacks] == [
+            "FrozenParamGuard",
+            "TrainableFractionLogger",
+        ]
+        assert callbacks[0]["init_args"] == {"modules": ["backbone"]}
+        assert callbacks[1]["init_args"] == {"reference": "backbone.transformer"}
 
 
 def test_full_config_fails_offline_naming_the_model(monkeypatch, tmp_path):

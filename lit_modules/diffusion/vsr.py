@@ -20,9 +20,11 @@ Validation runs once, after the last training step, on the held-out clips, for e
 the same noise for every method (seeded by ``eval_seed`` and the batch): ``val/psnr_k{K}``, ``val/ssim_k{K}``
 (torchmetrics, frames in [0, 1], per-frame mean), ``val/tde_k{K}`` (``TemporalDifferenceError``),
 ``val/psnr_gap_k{K}_k1`` (``psnr_k{K} − psnr_k1`` of the same fit, when K = 1 is among the steps), the bicubic
-input's ``val/psnr_bicubic`` / ``ssim`` / ``tde``, ``val/struct_attn_mass_k{K}_s{i}`` when the conditioner has
-one, ``val/trainable_frac`` (``|phi| / |theta_DiT|``), ``val/trainable_params`` and ``val/backbone_changed`` (the
-number of backbone tensors that are no longer bit-identical; the fit raises at its end if it is not 0).
+input's ``val/psnr_bicubic`` / ``ssim`` / ``tde`` and ``val/struct_attn_mass_k{K}_s{i}`` when the conditioner
+has one. Two callbacks of the configs' ``trainer.callbacks`` add ``val/trainable_frac`` (``|phi| / |theta_DiT|``,
+``TrainableFractionLogger("backbone.transformer")``), ``val/trainable_params`` and ``val/backbone_changed`` (the
+number of backbone tensors that are no longer bit-identical, ``FrozenParamGuard(["backbone"])``, which also makes
+the fit raise at its end if a backbone tensor changed, holds a .grad or is in the optimizer).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMe
 from litlab.lit_modules.diffusion.contract import bicubic_up, check_vsr_data
 from litlab.lit_modules.diffusion.dit import TinyDiTConfig, pretrained_tiny_dit
 from litlab.lit_modules.diffusion.flow_matching import FlowMatchingObjective
-from litlab.lit_modules.diffusion.freeze import FrozenGuard, freeze_, param_count, param_fraction
+from litlab.lit_modules.diffusion.freeze import freeze_
 from litlab.lit_modules.diffusion.report import SAMPLES_FILE
 
 
@@ -132,7 +134,6 @@ class FrozenDiTVSR(L.LightningModule):
         self.val_steps = [int(k) for k in val_steps]
         self.backbone: Any = None
         self.conditioner: Conditioner | None = None
-        self.guard: FrozenGuard | None = None
         self.scale = 4
         keys = [f"k{k}" for k in self.val_steps] + ["bicubic"]
         self.psnr = nn.ModuleDict({k: PeakSignalNoiseRatio(data_range=1.0, dim=(1, 2, 3)) for k in keys})
@@ -238,9 +239,6 @@ class FrozenDiTVSR(L.LightningModule):
 
         return self.objective.euler_sample(velocity, eps, steps, on_step)
 
-    def on_fit_start(self) -> None:
-        self.guard = FrozenGuard({"backbone": self.backbone})
-
     def validation_step(self, batch, batch_idx: int) -> None:
         hq, lq = batch
         z_lq = bicubic_up(lq, self.scale)
@@ -284,10 +282,6 @@ class FrozenDiTVSR(L.LightningModule):
             out[f"val/struct_attn_mass_k{k}_s{i}"] = torch.cat(ms).mean()
         self._mass.clear()
         self.save_samples()
-        out["val/trainable_params"] = float(param_count(self.trainable_parameters()))
-        out["val/trainable_frac"] = param_fraction(self.trainable_parameters(), self.transformer.parameters())
-        if self.guard is not None:
-            out["val/backbone_changed"] = float(len(self.guard.changed()))
         for name, value in out.items():
             self.log(name, value, on_step=False, on_epoch=True)
 
@@ -301,8 +295,3 @@ class FrozenDiTVSR(L.LightningModule):
         root = Path(self.trainer.default_root_dir)
         root.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().cpu().contiguous() for k, v in samples.items()}, str(root / SAMPLES_FILE))
-
-    def on_fit_end(self) -> None:
-        if self.guard is not None:
-            opt = self.optimizers() if self.trainable_parameters() else None
-            self.guard.check([opt.optimizer] if opt is not None else [])
