@@ -170,7 +170,7 @@ def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path)
         "LITLAB_REPRO_PID": str(os.getpid()),
     }
     code = "import sys; from litlab.repro import _worker_loop; sys.exit(_worker_loop())"
-    # -P: the working directory is not put on sys.path. In a checkout its top-level `kernels/` folder would
+    # -P (Python >= 3.11; importing litlab does the same on 3.10): the working directory is not put on sys.path. In a checkout its top-level `kernels/` folder would
     # shadow the `kernels` distribution that transformers imports (ImportError in every worker's fit).
     pending: queue.Queue[str] = queue.Queue()
     for key in jobs:
@@ -179,7 +179,7 @@ def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path)
 
     def serve() -> None:
         proc = subprocess.Popen(
-            [sys.executable, "-P", "-c", code],
+            [sys.executable, *(["-P"] if sys.version_info >= (3, 11) else []), "-c", code],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
