@@ -81,6 +81,44 @@ def test_saliency_equals_the_hand_computation_and_changes_nothing():
     assert model[0].weight.grad is None
 
 
+def test_saliency_frees_each_gradient_once_scored():
+    """At most one probed weight's gradient is alive at a time (the probe's memory: the planner's peak on SmolLM2
+    held every probed weight's gradient at once), with the same scores as autograd.grad over all of them."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+    modules = {"0": model[0], "2": model[2], "4": model[4]}
+    model[2].weight.grad = torch.randn(8, 8)  # a gradient left by training: not added to the scores
+    batches = [(torch.randn(5, 6), torch.randn(5, 2)) for _ in range(3)]
+
+    def mse(m, batch):
+        x, y = batch
+        loss = (m(x) - y).pow(2).mean(1)
+        return loss, torch.ones_like(loss)
+
+    alive, peak = set(), [0]
+    weights = [m.weight for m in modules.values()]
+
+    def watch(weight):  # runs before probe_saliency's own hook on the same weight
+        alive.update(id(w) for w in weights if w.grad is not None)
+        peak[0] = max(peak[0], sum(w.grad is not None for w in weights))
+
+    handles = [w.register_post_accumulate_grad_hook(watch) for w in weights]
+    settings = rp.ProbeSettings(gamma=0.0, min_steps=3, max_steps=3)
+    scores, _ = probe_saliency(model, modules, batches, mse, settings)
+    for h in handles:
+        h.remove()
+    assert peak[0] == 1 and len(alive) == 3
+    by_autograd = {n: 0.0 for n in modules}
+    for x, y in batches:
+        loss = (model(x) - y).pow(2).mean(1).mean()  # gamma = 0: uniform weights 1/B
+        grads = torch.autograd.grad(loss, weights)
+        for n, w, g in zip(modules, weights, grads):
+            by_autograd[n] += float((w.detach() * g).abs().sum())
+    for n in modules:
+        assert math.isclose(scores[n], by_autograd[n] / 3, rel_tol=1e-6)
+    assert all(w.grad is None for w in weights)
+
+
 # ---- §7.3 budget and §7.4 scale invariance --------------------------------------------------------------
 @pytest.mark.parametrize("r_base", [1, 2, 4, 8])
 def test_allocation_spends_the_budget_within_bounds_and_in_score_order(r_base):

@@ -131,22 +131,34 @@ def probe_saliency(
     scores = {n: 0.0 for n in weights}
     steps, calm, converged, ess = 0, 0, False, []
     prev_energy, prev_top = None, None
+    # Each weight's gradient is scored and freed as soon as backward has accumulated it, so at most a few of the
+    # probed weights' gradients are alive at once (all of them at once is one more copy of every probed weight).
+    names_of: dict[nn.Parameter, list[str]] = {}
+    for n, w in weights.items():
+        names_of.setdefault(w, []).append(n)
+
+    def score_and_free(weight: nn.Parameter) -> None:
+        for n in names_of[weight]:
+            scores[n] += float((weight.detach() * weight.grad).abs().sum())
+        weight.grad = None
+
+    handles = []
     try:
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        for w in weights.values():
+        for w in names_of:
+            w.grad = None  # as _restore leaves it at the end
             w.requires_grad_(True)
+            handles.append(w.register_post_accumulate_grad_hook(score_and_free))
         for batch in batches:
             loss, confidence = loss_and_confidence(model, batch)
             w = confidence_weights(
                 confidence, settings.gamma_strategy, settings.gamma, settings.gamma_scale, settings.gamma_max
             ).to(loss)
             ess.append(float(1.0 / (w.double() ** 2).sum()) / w.numel())
-            grads = torch.autograd.grad((w * loss).sum(), list(weights.values()), allow_unused=True)
-            for (n, weight), g in zip(weights.items(), grads):
-                if g is not None:
-                    scores[n] += float((weight.detach() * g).abs().sum())
+            (w * loss).sum().backward()  # scores accumulate in score_and_free
+            del loss, confidence, w
             steps += 1
             if steps % settings.check_every == 0 and steps >= settings.check_every:
                 energy = sum(scores.values()) / steps
@@ -161,6 +173,8 @@ def probe_saliency(
             if steps >= settings.max_steps:
                 break
     finally:
+        for h in handles:
+            h.remove()
         _restore(flags)
         model.train(was_training)
     if steps == 0:
