@@ -286,6 +286,52 @@ def test_freezing_bit_identical_and_fraction(short_fit):
     assert (Path(trainer.default_root_dir) / "vsr_samples.safetensors").exists()
 
 
+def test_logged_metrics_match_a_by_hand_computation(short_fit):
+    """val/psnr and val/tde of the bicubic input against numpy-level arithmetic: per-frame PSNR (frames in [0, 1],
+    mean over frames), and mean |(SR_{t+1} - SR_t) - (HR_{t+1} - HR_t)|."""
+    from litlab.datamodules.synthetic_vsr import bicubic_up
+
+    model, trainer, _, _ = short_fit
+    psnrs, tde_sum, tde_n = [], 0.0, 0
+    for hq, lq in trainer.datamodule.val_dataloader():
+        sr = (bicubic_up(lq, 4).clamp(-1, 1).double() + 1) / 2
+        hr = (hq.double() + 1) / 2
+        mse = ((sr - hr) ** 2).mean(dim=(1, 3, 4))  # (B, F): one number per frame
+        psnrs += (10 * torch.log10(1 / mse)).flatten().tolist()
+        d = sr.diff(dim=2) - hr.diff(dim=2)
+        tde_sum, tde_n = tde_sum + float(d.abs().sum()), tde_n + d.numel()
+    m = trainer.callback_metrics
+    assert float(m["val/psnr_bicubic"]) == pytest.approx(sum(psnrs) / len(psnrs), abs=1e-4)
+    assert float(m["val/tde_bicubic"]) == pytest.approx(tde_sum / tde_n, abs=1e-6)
+    assert 0.0 < float(m["val/ssim_bicubic"]) < 1.0
+
+
+def test_report_hook_tables_metrics_and_draws_the_frame_grid(short_fit, tmp_path):
+    import json
+
+    from PIL import Image
+
+    from litlab.lit_modules.core.results import CardResult, RunResult, SeedRun
+    from litlab.lit_modules.diffusion.litevsr import report
+
+    _, trainer, _, _ = short_fit
+    run_dir = Path(trainer.default_root_dir)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    (run_dir / "summary.json").write_text(json.dumps({"metrics": metrics}))
+    seed_run = SeedRun(seed=0, value=metrics["val/psnr_k1"], run_dir=run_dir)
+    runs = {
+        name: RunResult(name, "val/psnr_k1", [0], [seed_run.value], seed_run.value, 0.0, [seed_run])
+        for name in ("bicubic_k1", "litevsr_k1")
+    }
+    result = CardResult("litevsr", "t", "c", "quick", [0], "val/psnr_k1", "max", runs, "today", 1.0)
+    extras = report(result, tmp_path)
+    assert f"| LiteVSR | {metrics['val/psnr_k1']:.4g} ± 0 |" in extras.markdown
+    (figure,) = extras.figures
+    assert figure == tmp_path / "litevsr_frames.png"
+    width, height = Image.open(figure).size
+    assert height > width  # rows LQ, bicubic, LiteVSR, HQ over 2 frame columns
+
+
 def test_loss_decreases(short_fit):
     losses = short_fit[3]
     assert len(losses) == 50
