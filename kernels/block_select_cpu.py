@@ -1,13 +1,18 @@
-"""Kernel b on the CPU: SALE's selection pass (arXiv 2505.24179) with int8 matrix products.
+"""Kernel b on the CPU: SALE's selection pass (arXiv 2505.24179) with int8 matrix products, cache-blocked.
 
 Same decision as ``block_select_reference`` and the Triton kernel: a middle block is selected iff some causal entry
 has ``s_hat - T_i > 0`` with ``s_hat = s_q s_k <Qi, Ki> + c`` and ``T_i = (m_i + ln(tau l_i)) / scale`` over the
 reserved blocks. The integer dot products ``<Qi, Ki>`` of the 4-bit codes are exact int32 (``torch._int_mm``, which
-oneDNN runs on VNNI/AMX int8 units), then dequantised in fp32 exactly as the Triton kernel does (the reference
-instead multiplies the dequantised codes in fp32: the two agree except on blocks whose margin is within fp32
-rounding of 0, the "don't care" band of the kernel tests). Work is done per chunk of query blocks (one int8 product
-per KV head and chunk, all query heads of the group stacked), the dequantise + block max in one compiled pass
-(``torch.compile``, built once per process; a few seconds the first time).
+oneDNN runs on VNNI int8 units), then dequantised in fp32 as the Triton kernel does (the reference instead
+multiplies the dequantised codes in fp32: the two agree except on blocks whose margin is within fp32 rounding of 0,
+the "don't care" band of the kernel tests).
+
+Work is cut in tiles of ~512 query rows (all query heads of a KV group stacked) x ``tile_cols`` middle keys, so the
+int32 product of a tile stays in the core's cache while one compiled pass (``torch.compile``, built once per
+process) dequantises it and reduces it to block maxima: first over each block's rows (contiguous, vectorised
+along the keys), then over each block's keys. Dense heads (``tau < 1e-5``) skip the estimate. The thresholds
+``T_i`` come from one batched product per KV head against a strided window of the keys that covers every query
+block's reserved local blocks (no gather) plus the sink block, and one compiled masked log-sum-exp.
 """
 
 from __future__ import annotations
@@ -22,29 +27,92 @@ from litlab.kernels.block_select import reserved_blocks
 # ``quant_qk_block_select(impl="auto")`` on the CPU takes this path from this many tokens on (the same threshold as
 # the flex computation pass); shorter prompts (the quick card's 256 tokens) keep the reference
 INT8_MIN_TOKENS = 1024
-_COMPILED: dict[bool, object] = {}
+TILE_ROWS = 512  # query rows (heads x rows) per int8 product
+TILE_COLS = 1024  # middle keys per int8 product: a 512 x 1024 int32 tile is 2 MiB
+_COMPILED: dict[str, object] = {}
 
 
 def _block_margins(acc, sq, sk, c, thr, rows0, cols0, block_q: int, block_k: int, causal: bool):
     """max over each block_q x block_k tile of s_hat - T (raw-logit units): acc [g,R,C] int32, sq/thr [g,R],
     sk [C], c [g,C] -> [g, R/block_q, C/block_k]; ``causal`` masks entries with column > row (absolute)."""
+    g, R, C = acc.shape
     diff = acc.float() * sq[..., None] * sk[None, None, :] + c[:, None, :] - thr[..., None]
     if causal:
-        row = rows0 + torch.arange(acc.shape[1], device=acc.device)
-        col = cols0 + torch.arange(acc.shape[2], device=acc.device)
+        row = rows0 + torch.arange(R, device=acc.device)
+        col = cols0 + torch.arange(C, device=acc.device)
         diff = diff.masked_fill(col[None, None, :] > row[None, :, None], float("-inf"))
-    g, R, C = acc.shape
-    return diff.view(g, R // block_q, block_q, C // block_k, block_k).amax(4).amax(2)
+    # rows first: an elementwise max of block_q rows, contiguous along the keys; then each block's block_k keys
+    rmax = diff.view(g, R // block_q, block_q, C).amax(2)
+    return rmax.view(g, R // block_q, C // block_k, block_k).amax(3)
+
+
+def _row_thresholds(z_sink, z_loc, loc_start, n_tokens, log_tau, scale, block_q: int, win: int):
+    """T_i (raw-logit units) from the exact logits of the reserved keys: z_sink [B,Hk,nQ,g,bq,bk] (key block 0),
+    z_loc [B,Hk,nQ,g,bq,win] (keys ``(b+1)*bq - win ..`` of query block b, of which those from ``loc_start[b]``
+    on are reserved), log_tau [Hk,g] -> [B,Hk,nQ,g,bq]; inf where a row has no reserved key (padded rows)."""
+    n_qb, bk = z_sink.shape[2], z_sink.shape[-1]
+    qb = torch.arange(n_qb, device=z_sink.device)
+    row = qb[:, None] * block_q + torch.arange(block_q, device=z_sink.device)[None, :]  # [nQ, bq]
+    col_s = torch.arange(bk, device=z_sink.device)
+    col_l = ((qb + 1) * block_q - win)[:, None] + torch.arange(win, device=z_sink.device)[
+        None, :
+    ]  # [nQ, win]
+    ok_s = (col_s[None, None, :] <= row[..., None]) & (col_s < n_tokens)[None, None, :]  # [nQ, bq, bk]
+    ok_l = (col_l[:, None, :] <= row[..., None]) & (col_l >= loc_start[:, None])[:, None, :]
+    ok_l = ok_l & (col_l < n_tokens)[:, None, :]  # [nQ, bq, win]
+    zs = (z_sink * scale).masked_fill(~ok_s[:, None], float("-inf"))
+    zl = (z_loc * scale).masked_fill(~ok_l[:, None], float("-inf"))
+    m = torch.maximum(zs.amax(-1), zl.amax(-1))  # [B,Hk,nQ,g,bq]
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    l = torch.exp(zs - m_safe[..., None]).sum(-1) + torch.exp(zl - m_safe[..., None]).sum(-1)
+    thr = (m + log_tau[None, :, None, :, None] + torch.log(l)) / scale
+    return torch.where(torch.isfinite(m), thr, torch.full_like(thr, float("inf")))
+
+
+def _compiled(name: str, fn):
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(fn, dynamic=True)
+    return _COMPILED[name]
 
 
 def block_margins_fn():
-    if True not in _COMPILED:
-        _COMPILED[True] = torch.compile(_block_margins, dynamic=True)
-    return _COMPILED[True]
+    return _compiled("margins", _block_margins)
 
 
 def int8_selection_supported(qi: torch.Tensor, block_k: int) -> bool:
     return qi.dtype == torch.int8 and not qi.is_cuda and qi.shape[-1] % 8 == 0 and block_k % 8 == 0
+
+
+def row_thresholds(q, k_s, tau, n_max, n_loc, block_q, block_k, scale):
+    """T_i [B, H, nQ*block_q] (raw-logit units; inf on padded rows) for every query row."""
+    B, H, N, d = q.shape
+    Hk = k_s.shape[1]
+    g = H // Hk
+    n_qb = math.ceil(N / block_q)
+    pad = n_qb * block_q - N
+    # query block b's reserved local keys that its rows can see are (n_max - n_loc) * block_k .. (b+1)*bq - 1: a
+    # window of the ``win`` keys before (b+1)*bq, stepped by bq, holds every block's (a strided view, no gather;
+    # a negative front pad crops)
+    loc_start = (n_max - n_loc) * block_k
+    win = int(((torch.arange(n_qb) + 1) * block_q - loc_start).max())
+    q6 = F.pad(q.float(), (0, 0, 0, pad)).view(B, Hk, g, n_qb, block_q, d).transpose(2, 3)  # [B,Hk,nQ,g,bq,d]
+    q6 = q6.contiguous()
+    kf = k_s.float()
+    windows = F.pad(kf, (0, 0, win - block_q, pad)).unfold(2, win, block_q)  # [B,Hk,nQ,d,win] (a view)
+    z_loc = q6.view(B, Hk, n_qb, g * block_q, d) @ windows  # [B,Hk,nQ,g*bq,win]
+    z_sink = q6.view(B, Hk, n_qb * g * block_q, d) @ kf[:, :, :block_k].transpose(-1, -2)
+    log_tau = torch.log(tau.float()).view(Hk, g)
+    thr = _compiled("thresholds", _row_thresholds)(
+        z_sink.view(B, Hk, n_qb, g, block_q, -1),
+        z_loc.view(B, Hk, n_qb, g, block_q, win),
+        loc_start.to(q.device),
+        N,
+        log_tau,
+        scale,
+        block_q,
+        win,
+    )  # [B,Hk,nQ,g,bq]
+    return thr.transpose(2, 3).reshape(B, H, n_qb * block_q)
 
 
 @torch.no_grad()
@@ -62,7 +130,8 @@ def block_select_int8(
     local_blocks=4,
     seg_blocks=4,
     sm_scale=None,
-    chunk_blocks=8,
+    tile_rows=TILE_ROWS,
+    tile_cols=TILE_COLS,
 ):
     """Block mask uint8 [B,H,nQ,nK] from ``smooth_quantize`` outputs (int8 codes, prefill), like the reference."""
     B, H, N, d = q.shape
@@ -79,72 +148,55 @@ def block_select_int8(
     causal_blk = kb[None, :] < n_max[:, None]
     res_blk = (kb[None, :] == 0) | ((kb[None, :] >= (n_max - n_loc)[:, None]) & causal_blk)
     middle_blk = (kb[None, :] >= 1) & (kb[None, :] < mid_stop[:, None])
-    dense_head = (tau < 1e-5)[None, :, None, None]
-    mask = torch.where(dense_head, causal_blk, res_blk).expand(B, H, n_qb, n_kb).clone()
+    dense = tau < 1e-5
+    mask = torch.where(dense[None, :, None, None], causal_blk, res_blk).expand(B, H, n_qb, n_kb).clone()
+    if bool(dense.all()) or int(mid_stop.max()) <= 1:
+        return mask.to(torch.uint8)
 
-    # thresholds T_i from the exact logits of the reserved keys (sink block + last n_loc blocks), all query blocks
-    # at once: gather each query block's reserved columns (padded, masked) -> [B, H, nQ, block_q, W]
-    w_loc = int(n_loc.max()) * block_k
-    local_start = (n_max - n_loc) * block_k
-    cols = torch.cat(
-        [torch.arange(block_k).expand(n_qb, -1), local_start[:, None] + torch.arange(w_loc)[None, :]], 1
-    )  # [nQ, W]
-    col_ok = torch.cat(
-        [
-            torch.ones(n_qb, block_k, dtype=torch.bool),
-            torch.arange(w_loc)[None, :] < (n_loc * block_k)[:, None],
-        ],
-        1,
-    ) & (cols < N)
-    cols = cols.clamp_max(N - 1)
+    thr = row_thresholds(q, k_s, tau, n_max, n_loc, block_q, block_k, scale)
     pad = n_qb * block_q - N
-    qf = F.pad(q.float(), (0, 0, 0, pad)).view(B, Hk, g, n_qb, block_q, d).transpose(2, 3)
-    kg = k_s.float()[:, :, cols]  # [B, Hk, nQ, W, d]
-    # one plain batched product per (b, KV head, query block): the g query heads' rows stacked
-    z = qf.reshape(B, Hk, n_qb, g * block_q, d) @ kg.transpose(-1, -2)  # [B, Hk, nQ, g*bq, W]
-    z = z.view(B, Hk, n_qb, g, block_q, -1).transpose(2, 3).reshape(B, H, n_qb, block_q, -1) * scale
-    rows = torch.arange(n_qb * block_q).view(n_qb, block_q, 1)
-    allowed = col_ok[:, None, :] & (cols[:, None, :] <= rows)  # [nQ, bq, W]
-    z = z.masked_fill(~allowed, float("-inf"))
-    m = z.amax(-1)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    thr = (
-        m + torch.log(tau)[None, :, None, None] + torch.log(torch.exp(z - m_safe[..., None]).sum(-1))
-    ) / scale
-    thr = thr.flatten(2)  # [B, H, nQ*bq]
-    thr[:, :, N:] = float("inf")  # padded rows never select
-    thr = thr.masked_fill(~torch.isfinite(m.flatten(2)), float("inf"))
-
-    # middle blocks: one int8 product per (batch, KV head, chunk of query blocks)
     qi_p, sq_p = F.pad(qi, (0, 0, 0, pad)), F.pad(sq.float(), (0, pad))
     sk, c = sk.float(), c.float()
     margins = block_margins_fn()
-    for c0 in range(0, n_qb, chunk_blocks):
-        c1 = min(c0 + chunk_blocks, n_qb)
-        stop = int(mid_stop[c0:c1].max())
-        if stop <= 1:
+    # the estimated (non-dense) heads of each KV group
+    groups = [[h for h in range(hk * g, (hk + 1) * g) if not dense[h]] for hk in range(Hk)]
+    tile_cols = max(block_k, tile_cols // block_k * block_k)
+    for hk, heads in enumerate(groups):
+        if not heads:
             continue
-        r0, r1 = c0 * block_q, c1 * block_q
-        k0, k1 = block_k, stop * block_k
-        # entry-level causal mask only if some middle block of the chunk reaches its query block's first row
-        crosses = bool(((mid_stop[c0:c1] * block_k - 1) > torch.arange(c0, c1) * block_q).any())
-        for b in range(B):
-            for hk in range(Hk):
-                hs = slice(hk * g, (hk + 1) * g)
-                acc = torch._int_mm(qi_p[b, hs, r0:r1].reshape(-1, d), ki[b, hk, k0:k1].t())
-                mg = margins(  # small operands copied: slices' storage offsets would be recompile guards
-                    acc.view(g, r1 - r0, k1 - k0),
-                    sq_p[b, hs, r0:r1].contiguous(),
-                    sk[b, hk, k0:k1].contiguous(),
-                    c[b, hs, k0:k1].contiguous(),
-                    thr[b, hs, r0:r1].contiguous(),
-                    r0,
-                    k0,
-                    block_q,
-                    block_k,
-                    crosses,
-                )  # [g, c1 - c0, stop - 1]
-                mid = middle_blk[c0:c1, 1:stop]
+        hs = slice(heads[0], heads[-1] + 1) if heads == list(range(heads[0], heads[-1] + 1)) else heads
+        ga = len(heads)
+        chunk = max(1, round(tile_rows / (ga * block_q)))  # query blocks per tile
+        for c0 in range(0, n_qb, chunk):
+            c1 = min(c0 + chunk, n_qb)
+            stop = int(mid_stop[c0:c1].max())
+            if stop <= 1:
+                continue
+            r0, r1 = c0 * block_q, c1 * block_q
+            # entry-level causal mask only if some middle block of the chunk reaches its query block's first row
+            crosses = bool(((mid_stop[c0:c1] * block_k - 1) > torch.arange(c0, c1) * block_q).any())
+            mid = middle_blk[c0:c1, 1:stop]
+            for b in range(B):
+                rows = qi_p[b, hs, r0:r1].reshape(-1, d)
+                sq_t, thr_t = sq_p[b, hs, r0:r1].contiguous(), thr[b, hs, r0:r1].contiguous()
+                out = torch.empty(ga, c1 - c0, stop - 1)
+                for k0 in range(block_k, stop * block_k, tile_cols):
+                    k1 = min(k0 + tile_cols, stop * block_k)
+                    acc = torch._int_mm(rows, ki[b, hk, k0:k1].t())
+                    out[..., (k0 - block_k) // block_k : (k1 - block_k) // block_k] = margins(
+                        acc.view(ga, r1 - r0, k1 - k0),
+                        sq_t,
+                        sk[
+                            b, hk, k0:k1
+                        ].contiguous(),  # copied: slices' storage offsets would be recompile guards
+                        c[b, hs, k0:k1].contiguous(),
+                        thr_t,
+                        r0,
+                        k0,
+                        block_q,
+                        block_k,
+                        crosses and k1 - 1 > r0,
+                    )
                 cur = mask[b, hs, c0:c1, 1:stop]
-                mask[b, hs, c0:c1, 1:stop] = torch.where(mid & ~dense_head[0, hs], mg > 0, cur)
+                mask[b, hs, c0:c1, 1:stop] = torch.where(mid, out > 0, cur)
     return mask.to(torch.uint8)

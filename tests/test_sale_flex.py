@@ -142,6 +142,22 @@ def test_int8_selection_equals_reference(inputs, blocks):
     assert 0 < int(ref.sum()) < ref.numel()
 
 
+def test_int8_selection_tiles_do_not_change_the_mask():
+    """The cache-blocked int8 path cut in many small tiles (several key tiles per query chunk, chunks of one
+    query block, GQA with a dense head skipped) gives the mask of the default tiling, and the reference's outside
+    the 1e-4 band."""
+    gen = torch.Generator().manual_seed(5)
+    q, k = 2 * torch.randn(1, 6, 1100, 32, generator=gen), torch.randn(1, 2, 1100, 32, generator=gen)
+    tau = torch.tensor([0.001, 0.0, 0.001, 0.01, 0.001, 0.001])
+    quant = smooth_quantize(q, k, 4)
+    blocks = SALEConfig().blocks()
+    small = block_select_int8(q, *quant, tau, **blocks, tile_rows=64, tile_cols=96)
+    assert torch.equal(small, block_select_int8(q, *quant, tau, **blocks))
+    ref, margin = block_select_reference(q, *quant, tau, **blocks, return_margin=True)
+    assert not ((small != ref) & ~(margin.abs() < 1e-4)).any()
+    assert 0 < int(ref.sum()) < ref.numel()
+
+
 def test_auto_selection_takes_int8_on_cpu_from_its_threshold(monkeypatch):
     from litlab.kernels import block_select_cpu
 
