@@ -341,3 +341,94 @@ def test_toy_stream_sparsity_freezing_fusion_free(monkeypatch, tmp_path):
     # what is kept per concept: indices, one Fisher float per neuron, token rows
     assert model.omega.shape == (model.gs.size,)
     assert trainer.callback_metrics["val/changed_frac"] > 0
+
+
+# ---- the card's report: sample grids per concept and the lambda frontier ---------------------------
+def _tiny_stream(tmp_path: Path, name: str, samples: int, **model_kw):
+    """A two-concept stream on a 3-step base; returns (run folder, final metrics)."""
+    import json
+
+    import lightning as L
+
+    from litlab.datamodules.continual_concepts import ContinualConceptDataModule
+    from litlab.lit_modules.diffusion.ddpm import TinyT2IConfig
+    from litlab.lit_modules.diffusion.scns import SCNS, SelectionConfig
+
+    L.seed_everything(0)
+    run_dir = tmp_path / name
+    dm = ContinualConceptDataModule(num_concepts=2, steps_per_task=2, batch_size=4, heldout_per_concept=2)
+    model = SCNS(
+        base=TinyT2IConfig(pretrain_steps=3, pretrain_batch=4),
+        select=SelectionConfig(num_probes=4, fisher_samples=4, lambda_risk=model_kw.pop("lam", 10.0)),
+        lr_rows=0.05,
+        samples_per_concept=samples,
+        sample_steps=20,
+        **model_kw,
+    )
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        reload_dataloaders_every_n_epochs=1,
+        default_root_dir=str(run_dir),
+        deterministic=True,
+    )
+    trainer.fit(model, datamodule=dm)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "summary.json").write_text(json.dumps({"status": "finished", "metrics": metrics}))
+    return run_dir, metrics
+
+
+def test_report_writes_sample_grid_and_frontier(monkeypatch, tmp_path):
+    from safetensors.torch import load_file
+
+    from litlab.lit_modules.core.results import CardResult, RunResult, SeedRun
+    from litlab.lit_modules.diffusion.report import CONCEPT_SAMPLES_FILE
+    from litlab.lit_modules.diffusion.scns import report
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path / "cache"))
+    scns_dir, with_samples = _tiny_stream(tmp_path, "scns10", samples=2)
+    _, without = _tiny_stream(tmp_path, "scns10_nosamples", samples=0)
+    kv_dir, _ = _tiny_stream(tmp_path, "all", samples=2, selection="all")
+    sweep_dir, _ = _tiny_stream(tmp_path, "scns1000", samples=0, lam=1000.0)
+    # the samples use their own generator: every number of the stream is the same without them
+    assert with_samples == without
+    assert not (tmp_path / "scns10_nosamples" / CONCEPT_SAMPLES_FILE).exists()
+    s, kv = load_file(str(scns_dir / CONCEPT_SAMPLES_FILE)), load_file(str(kv_dir / CONCEPT_SAMPLES_FILE))
+    assert sorted(s) == sorted(f"{kind}_{k}" for kind in ("ref", "base", "after", "final") for k in (0, 1))
+    for v in s.values():
+        assert v.shape == (2, 3, 16, 16) and float(v.abs().max()) <= 1.0
+    # same base, same noise per concept: the base column is one column for every method; the last concept's
+    # samples right after its task are its samples after the last task (another batch: equal up to rounding)
+    for k in (0, 1):
+        assert torch.equal(s[f"base_{k}"], kv[f"base_{k}"])
+    torch.testing.assert_close(s["after_1"], s["final_1"], atol=1e-4, rtol=0)
+    assert not torch.equal(s["after_0"], kv["after_0"])  # another update, another sample
+
+    def entry(name: str, run_dir: Path) -> RunResult:
+        return RunResult(name, "val/forgetting", [0], [0.0], 0.0, 0.0, [SeedRun(0, 0.0, run_dir)])
+
+    runs = {"scns10_fg": scns_dir, "full_kv_fg": kv_dir, "scns1000_fg": sweep_dir}
+    result = CardResult(
+        slug="scns",
+        title="t",
+        claim="c",
+        scale="quick",
+        seeds=[0],
+        metric_name="val/forgetting",
+        metric_mode="min",
+        runs={n: entry(n, d) for n, d in runs.items()},
+        date="2026-12-04",
+        wall_time_s=0.0,
+    )
+    out = tmp_path / "report"
+    out.mkdir()
+    extras = report(result, out)
+    assert [p.name for p in extras.figures] == ["scns_frontier.png", "scns_samples.png"]
+    for p in extras.figures:
+        assert p.exists() and p.stat().st_size > 1000
+    assert "| SCNS lambda 1000 |" in extras.markdown and "### Samples per concept" in extras.markdown

@@ -6,6 +6,8 @@
 * ``TinyT2I``: the quick-scale base — a diffusers ``UNet2DConditionModel`` and a ``transformers.CLIPTextModel``
   built from configs (random init, nothing downloaded), pre-trained jointly here on the base world of the
   DataModule and cached once per (architecture, recipe, data, seed) through ``core.pretrain.train_and_cache``.
+* ``ddim_sample``: deterministic DDIM samples (η = 0) on diffusers' ``DDIMScheduler``, from noise or SDEdit-style
+  from a noised image (the report's sample grids).
 * ``load_pretrained_t2i(model_id)``: the full-scale UNet / text encoder / VAE / scheduler of a diffusers
   checkpoint (e.g. ``stable-diffusion-v1-5/stable-diffusion-v1-5``), from a folder or the local cache; offline
   without it, ``ModelUnavailableError`` names it at once.
@@ -66,6 +68,43 @@ def ddpm_losses(unet: nn.Module, scheduler, x0: Tensor, cond: Tensor, t: Tensor,
     noisy = scheduler.add_noise(x0, noise, t)
     pred = unet(noisy, t, encoder_hidden_states=cond).sample
     return ((pred.float() - noise.float()) ** 2).flatten(1).mean(1)
+
+
+@torch.no_grad()
+def ddim_sample(
+    unet: nn.Module,
+    ddpm_scheduler,
+    cond: Tensor,
+    noise: Tensor,
+    steps: int = 50,
+    init: Tensor | None = None,
+    t_start: int | None = None,
+) -> Tensor:
+    """Deterministic DDIM samples (η = 0; Song et al. 2021, "Denoising Diffusion Implicit Models", arXiv
+    2010.02502, eq. 12) under text states ``cond`` (B, L, d), on diffusers' ``DDIMScheduler`` built from the
+    training scheduler's config (same β schedule, ``steps`` of the full grid); no guidance (the quick-scale base
+    is trained without an empty prompt). From pure ``noise`` (B, C, H, W), or, with ``init`` and ``t_start``,
+    SDEdit-style (Meng et al. 2021, arXiv 2108.01073, §3): ``init`` noised to ``t_start`` with ``noise`` by the
+    scheduler's ``add_noise``, then the grid's steps at or below ``t_start``. Uses no global random state."""
+    if steps < 1:
+        raise ValueError(f"sample steps must be >= 1, got {steps}")
+    (DDIMScheduler,) = diffusers_classes("DDIMScheduler")
+    scheduler = DDIMScheduler.from_config(ddpm_scheduler.config)
+    scheduler.set_timesteps(steps)
+    timesteps = scheduler.timesteps
+    if init is None:
+        x = noise.clone()
+    else:
+        if t_start is None or not 0 < t_start < ddpm_scheduler.config.num_train_timesteps:
+            raise ValueError(
+                f"t_start must be in 1..{ddpm_scheduler.config.num_train_timesteps - 1}, got {t_start}"
+            )
+        x = ddpm_scheduler.add_noise(init, noise, torch.full((len(init),), t_start, dtype=torch.long))
+        timesteps = timesteps[timesteps <= t_start]
+    for t in timesteps:
+        eps = unet(x, t, encoder_hidden_states=cond).sample
+        x = scheduler.step(eps, t, x, eta=0.0).prev_sample
+    return x.clamp(-1.0, 1.0)
 
 
 class TinyT2I(nn.Module):

@@ -23,6 +23,14 @@ Metrics (``self.log``; the loss proxy of the quick scale replaces CLIP image ali
 prompt) − ℓ_k(k)), ``val/final_loss`` mean_k ℓ_k(T), ``val/base_drift`` (loss on the 48 base prompts at τ = 500
 after the stream minus before), ``val/changed_frac`` mean_t |S_t|·c / |θ_UNet|, ``val/neurons`` mean |S_t|,
 ``val/risk_sum`` mean over t ≥ 2 of Σ_{n∈S_t} r(n) (0 unless the method keeps a risk).
+
+Samples (``samples_per_concept`` > 0; for the report's grids, no metric reads them): SDEdit-style DDIM samples
+(η = 0, ``sample_steps`` on the full grid, started at ``sample_t_start``; ``ddpm.ddim_sample``) of concept k's first
+held-out renders, noised with one fixed noise per k — from the base under the class-only prompt (before task 1),
+after task k and after the last task under "a <V_k> {class}" — and those renders themselves, written to
+``concept_samples.safetensors`` in the run folder after the last task. ``sample_t_start = 0`` samples from pure
+noise instead (the 150-step quick base cannot: its one-step x̂0 is noise from τ ≈ 500 up, measured on seed 0).
+They use their own generator, so the stream's numbers are the same with and without them.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from torch import Tensor
 from litlab.lit_modules.diffusion.contract import check_data, tokenize
 from litlab.lit_modules.diffusion.ddpm import (
     TinyT2IConfig,
+    ddim_sample,
     ddpm_losses,
     make_scheduler,
     pretrained_tiny_t2i,
@@ -46,6 +55,7 @@ from litlab.lit_modules.diffusion.neurons import (
     ground_set,
     merge_row_deltas,
 )
+from litlab.lit_modules.diffusion.report import CONCEPT_SAMPLES_FILE as SAMPLES_FILE
 
 
 class ContinualNeuronTuning(L.LightningModule):
@@ -62,8 +72,16 @@ class ContinualNeuronTuning(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.999),
         eval_batch: int = 128,
         full_matrix: bool = False,
+        samples_per_concept: int = 0,
+        sample_steps: int = 50,
+        sample_t_start: int = 300,
     ):
         super().__init__()
+        if samples_per_concept < 0 or sample_steps < 1 or sample_t_start < 0:
+            raise ValueError(
+                f"samples_per_concept and sample_t_start must be >= 0 and sample_steps >= 1, got "
+                f"{samples_per_concept}, {sample_t_start}, {sample_steps}"
+            )
         self.save_hyperparameters()
         self.base_cfg = base if isinstance(base, TinyT2IConfig) else TinyT2IConfig(**base)
         self.automatic_optimization = False
@@ -72,6 +90,7 @@ class ContinualNeuronTuning(L.LightningModule):
         self.loss_matrix: dict[int, dict[int, float]] = {}  # ℓ_k(t): [k][t]
         self.base_class_loss: dict[int, float] = {}
         self.task_log: list[dict[str, float]] = []
+        self.samples: dict[str, Tensor] = {}  # base_k / after_k / final_k / ref_k (see the module docstring)
         self.selections: list[
             list[int]
         ] = []  # S_t as flat neuron indices: all a task leaves besides its merge
@@ -128,6 +147,46 @@ class ContinualNeuronTuning(L.LightningModule):
         t = torch.full((len(x),), 500, dtype=torch.long)
         return float(ddpm_losses(self.model.unet, self.scheduler, x, self.encode(ids), t, noise).mean())
 
+    def sample_inputs(self, dm, k: int) -> Tensor:
+        """Concept k's first ``samples_per_concept`` held-out renders (distinct images of its held-out grid)."""
+        x, ts, _ = dm.heldout(k)
+        return x[ts == ts[0]][: self.hparams.samples_per_concept]
+
+    @torch.no_grad()
+    def sample_concepts(self, dm, concepts: list[int], prompts: list[str]) -> list[Tensor]:
+        """``samples_per_concept`` samples per concept in ``concepts`` (one batch), each concept from its own
+        fixed noise and held-out renders (the same in every column of the grid and in every method)."""
+        n, t0 = self.hparams.samples_per_concept, self.hparams.sample_t_start
+        init = torch.cat([self.sample_inputs(dm, k) for k in concepts])
+        noise = torch.cat(
+            [
+                torch.randn(n, *init.shape[1:], generator=torch.Generator().manual_seed(31_337 + k))
+                for k in concepts
+            ]
+        )
+        ids = tokenize(prompts).repeat_interleave(n, dim=0)
+        x = ddim_sample(
+            self.model.unet,
+            self.scheduler,
+            self.encode(ids),
+            noise,
+            self.hparams.sample_steps,
+            init=init if t0 else None,
+            t_start=t0 or None,
+        )
+        return list(x.split(n))
+
+    def save_samples(self) -> None:
+        if not self.samples or self._trainer is None or self.global_rank != 0:
+            return
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        root = Path(self.trainer.default_root_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.samples.items()}, str(root / SAMPLES_FILE))
+
     # ---- the method's hooks -----------------------------------------------------------------------
     def select(self, t: int, dm) -> tuple[Tensor, dict[str, float]]:
         """Flat neuron indices S_t and numbers to log about the selection."""
@@ -148,6 +207,12 @@ class ContinualNeuronTuning(L.LightningModule):
                 k: self.heldout_loss(dm, k, dm.class_prompt(k)) for k in range(dm.num_concepts)
             }
             self.base_loss_before = self.base_loss(dm)
+            if self.hparams.samples_per_concept:
+                ks = list(range(dm.num_concepts))
+                base = self.sample_concepts(dm, ks, [dm.class_prompt(k) for k in ks])
+                for k in ks:
+                    self.samples[f"base_{k}"] = base[k]
+                    self.samples[f"ref_{k}"] = self.sample_inputs(dm, k).clone()
 
     def begin_task(self, t: int, dm) -> None:
         emb = self.model.text_encoder.get_input_embeddings().weight
@@ -211,6 +276,14 @@ class ContinualNeuronTuning(L.LightningModule):
         last = t == dm.num_concepts - 1
         for k in range(t + 1) if (self.hparams.full_matrix or last) else [t]:
             self.loss_matrix.setdefault(k, {})[t] = self.heldout_loss(dm, k, dm.concept_prompt(k))
+        if self.hparams.samples_per_concept:
+            self.samples[f"after_{t}"] = self.sample_concepts(dm, [t], [dm.concept_prompt(t)])[0]
+            if last:
+                ks = list(range(t + 1))
+                final = self.sample_concepts(dm, ks, [dm.concept_prompt(k) for k in ks])
+                for k in ks:
+                    self.samples[f"final_{k}"] = final[k]
+                self.save_samples()
         info = self.task_log[t]
         for key, value in info.items():
             self.log(f"task/{key}_{t}", value, on_step=False, on_epoch=True)
@@ -272,6 +345,7 @@ class ContinualNeuronTuning(L.LightningModule):
             "task_log": self.task_log,
             "selections": self.selections,
             "base_loss_before": getattr(self, "base_loss_before", None),
+            "samples": self.samples,
         }
 
     def load_stream_state(self, state: dict) -> None:
@@ -282,6 +356,7 @@ class ContinualNeuronTuning(L.LightningModule):
         self.task_log = list(state["task_log"])
         self.selections = list(state["selections"])
         self.base_loss_before = state["base_loss_before"]
+        self.samples = dict(state.get("samples") or {})
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["neuron_stream"] = self.stream_state()

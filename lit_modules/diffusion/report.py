@@ -3,6 +3,8 @@
 ``frontier_report`` (SCNS) reads every seed's ``summary.json`` of the named runs and draws the stability-plasticity
 plane (forgetting against plasticity, mean ± std over seeds), joining the runs of a ``sweep`` (e.g. SCNS at
 lambda 0, 10, 1000) by a line, with the same numbers as a markdown table. It derives no number a claim reads.
+``concept_samples_report`` (SCNS) draws, for the first seed, each concept's held-out renders, the base model's
+samples and each named run's samples after that concept's task and after the last task.
 ``vsr_report`` (LiteVSR) tabulates PSNR / SSIM / temporal-difference error per run and step count and draws
 the LQ / SR / HQ frame grid from the samples each fit saved (``vsr_samples.safetensors`` in its run folder).
 """
@@ -73,6 +75,86 @@ def frontier_report(
         cells = [f"{m:.4g} ± {s:.2g}" for m, s in (_ms(table[n][k]) for k in keys)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return ReportExtras(figures=[path], markdown="### Stability-plasticity\n\n" + "\n".join(lines) + "\n")
+
+
+CONCEPT_SAMPLES_FILE = "concept_samples.safetensors"
+
+
+def _strip(images, pad: int = 1):
+    """(n, 3, H, W) in [-1, 1] -> one (H, n·(W+pad)−pad, 3) array in [0, 1], white between images."""
+    import torch
+
+    x = ((images.clamp(-1, 1) + 1) / 2).permute(0, 2, 3, 1)  # (n, H, W, 3)
+    n, h, _, _ = x.shape
+    sep = torch.ones(h, pad, 3)
+    parts = []
+    for i in range(n):
+        parts += [x[i]] + ([sep] if i < n - 1 else [])
+    return torch.cat(parts, dim=1).numpy()
+
+
+def concept_samples_report(result: CardResult, out_dir, slug: str, runs: dict[str, str]) -> ReportExtras:
+    """Per-concept sample grid of the first seed (SCNS card): one row per concept k — k's held-out renders that
+    the samples start from, the base model under the class-only prompt, then for each run (card run name -> label)
+    its samples right after task k and after the last task under "a <V_k> {class}"; every cell of a row starts
+    from the same renders and noise (``harness.ContinualNeuronTuning``'s samples). Reads
+    ``concept_samples.safetensors`` (``harness.ContinualNeuronTuning``, ``samples_per_concept`` > 0) from the run
+    folders; runs without it are left out. It derives no number a claim reads."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from safetensors.torch import load_file
+
+    loaded: dict[str, dict] = {}
+    for n, label in runs.items():
+        if n not in result.runs or not result.runs[n].runs:
+            continue
+        path = result.runs[n].runs[0].run_dir / CONCEPT_SAMPLES_FILE
+        if path.exists():
+            loaded[label] = load_file(str(path))
+    if not loaded:
+        return ReportExtras()
+    first = next(iter(loaded.values()))
+    concepts = sorted(int(k.split("_")[1]) for k in first if k.startswith("final_"))
+    cols: list[tuple[str, str, str | None]] = [
+        ("held-out renders", "ref", None),
+        ("base, class prompt", "base", None),
+    ]
+    for label in loaded:
+        cols += [
+            (f"{label}\nafter its task", "after", label),
+            (f"{label}\nafter the last task", "final", label),
+        ]
+    fig, axes = plt.subplots(
+        len(concepts), len(cols), figsize=(1.9 * len(cols), 0.75 * len(concepts) + 0.6), squeeze=False
+    )
+    for r, k in enumerate(concepts):
+        for c, (title, kind, label) in enumerate(cols):
+            ax = axes[r][c]
+            src = first if label is None else loaded[label]
+            ax.imshow(_strip(src[f"{kind}_{k}"]), interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(f"concept {k}", fontsize=6)
+            if r == 0:
+                ax.set_title(title, fontsize=6)
+    seed = result.seeds[0] if result.seeds else "?"
+    fig.suptitle(f"{slug}: samples per concept, seed {seed} (same input and noise across a row)", fontsize=7)
+    fig.tight_layout()
+    path = Path(out_dir) / f"{slug}_samples.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    text = (
+        "### Samples per concept\n\n"
+        f"First seed ({seed}); rows: concepts in task order; columns: held-out renders of the concept, the base "
+        "model under the class-only prompt, then per method its samples right after learning the concept and "
+        f'after the last concept (prompt "a <V_k> {{class}}"): {", ".join(loaded)}. Each sample is DDIM (eta 0) '
+        "from the render noised to the run's sample_t_start (SDEdit-style; 0: from pure noise), with the same "
+        "render and noise across a row, so the columns differ only by the model and the prompt.\n"
+    )
+    return ReportExtras(figures=[path], markdown=text)
 
 
 SAMPLES_FILE = "vsr_samples.safetensors"

@@ -132,9 +132,23 @@ class SCNS(ContinualNeuronTuning):
         betas: tuple[float, float] = (0.9, 0.999),
         eval_batch: int = 128,
         full_matrix: bool = False,
+        samples_per_concept: int = 0,
+        sample_steps: int = 50,
+        sample_t_start: int = 300,
     ):
         super().__init__(
-            base, base_seed, pretrained_path, ground_set, lr_rows, lr_token, betas, eval_batch, full_matrix
+            base,
+            base_seed,
+            pretrained_path,
+            ground_set,
+            lr_rows,
+            lr_token,
+            betas,
+            eval_batch,
+            full_matrix,
+            samples_per_concept,
+            sample_steps,
+            sample_t_start,
         )
         self.save_hyperparameters()
         self.sel = select if isinstance(select, SelectionConfig) else SelectionConfig(**select)
@@ -267,8 +281,10 @@ def selection_config(**overrides) -> SelectionConfig:
 
 
 def report(result, out_dir):
-    """The card's report: the stability-plasticity plane of every method, the lambda sweep joined."""
-    from litlab.lit_modules.diffusion.report import frontier_report
+    """The card's report: the stability-plasticity plane of every method (the lambda sweep joined by a line:
+    its frontier) and the first seed's samples per concept for SCNS lambda 10 and all K/V rows."""
+    from litlab.lit_modules.core.results import ReportExtras
+    from litlab.lit_modules.diffusion.report import concept_samples_report, frontier_report
 
     runs = {
         "full_kv_fg": "all K/V rows",
@@ -279,4 +295,11 @@ def report(result, out_dir):
         "scns1000_fg": "SCNS lambda 1000",
         "no_update_fg": "no update (control)",
     }
-    return frontier_report(result, out_dir, "scns", runs, ["scns0_fg", "scns10_fg", "scns1000_fg"])
+    frontier = frontier_report(result, out_dir, "scns", runs, ["scns0_fg", "scns10_fg", "scns1000_fg"])
+    samples = concept_samples_report(
+        result, out_dir, "scns", {"scns10_fg": "SCNS lambda 10", "full_kv_fg": "all K/V rows"}
+    )
+    return ReportExtras(
+        figures=[*frontier.figures, *samples.figures],
+        markdown="\n".join(m for m in (frontier.markdown, samples.markdown) if m),
+    )
