@@ -150,6 +150,17 @@ def load_from_folder_cache_or_hub(
     return load(model_id, **kwargs)
 
 
+def load_pipeline_parts(
+    model_id: str, revision: str | None, what: str, parts: dict[str, Callable[..., Any]]
+) -> dict[str, Any]:
+    """Each part of a diffusers-layout checkpoint (``parts``: subfolder -> its ``from_pretrained``), loaded by
+    ``load_from_folder_cache_or_hub``; a missing part names ``what`` and the subfolder."""
+    return {
+        sub: load_from_folder_cache_or_hub(load, model_id, revision, f"{what} ({sub})", subfolder=sub)
+        for sub, load in parts.items()
+    }
+
+
 def load_causal_lm(
     model_id: str, dtype: str = "float32", revision: str | None = None, **kwargs: Any
 ) -> transformers.PreTrainedModel:

@@ -178,17 +178,17 @@ def load_pretrained_t2i(model_id: str, revision: str | None = None) -> dict[str,
     )
     from transformers import CLIPTextModel, CLIPTokenizer
 
-    from litlab.lit_modules.core.hf import load_from_folder_cache_or_hub
+    from litlab.lit_modules.core.hf import load_pipeline_parts
 
-    what = "the diffusion base"
-    parts = {
-        "unet": (UNet2DConditionModel.from_pretrained, "unet"),
-        "text_encoder": (CLIPTextModel.from_pretrained, "text_encoder"),
-        "tokenizer": (CLIPTokenizer.from_pretrained, "tokenizer"),
-        "vae": (AutoencoderKL.from_pretrained, "vae"),
-        "scheduler": (DDPMScheduler.from_pretrained, "scheduler"),
-    }
-    return {
-        k: load_from_folder_cache_or_hub(load, model_id, revision, f"{what} ({sub})", subfolder=sub)
-        for k, (load, sub) in parts.items()
-    }
+    return load_pipeline_parts(
+        model_id,
+        revision,
+        "the diffusion base",
+        {
+            "unet": UNet2DConditionModel.from_pretrained,
+            "text_encoder": CLIPTextModel.from_pretrained,
+            "tokenizer": CLIPTokenizer.from_pretrained,
+            "vae": AutoencoderKL.from_pretrained,
+            "scheduler": DDPMScheduler.from_pretrained,
+        },
+    )

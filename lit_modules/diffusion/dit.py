@@ -140,17 +140,17 @@ def load_wan(model_id: str, revision: str | None = None) -> dict[str, Any]:
     )
     from transformers import AutoTokenizer, UMT5EncoderModel
 
-    from litlab.lit_modules.core.hf import load_from_folder_cache_or_hub
+    from litlab.lit_modules.core.hf import load_pipeline_parts
 
-    what = "the video diffusion backbone"
-    parts = {
-        "transformer": (WanTransformer3DModel.from_pretrained, "transformer"),
-        "vae": (AutoencoderKLWan.from_pretrained, "vae"),
-        "text_encoder": (UMT5EncoderModel.from_pretrained, "text_encoder"),
-        "tokenizer": (AutoTokenizer.from_pretrained, "tokenizer"),
-        "scheduler": (FlowMatchEulerDiscreteScheduler.from_pretrained, "scheduler"),
-    }
-    return {
-        k: load_from_folder_cache_or_hub(load, model_id, revision, f"{what} ({sub})", subfolder=sub)
-        for k, (load, sub) in parts.items()
-    }
+    return load_pipeline_parts(
+        model_id,
+        revision,
+        "the video diffusion backbone",
+        {
+            "transformer": WanTransformer3DModel.from_pretrained,
+            "vae": AutoencoderKLWan.from_pretrained,
+            "text_encoder": UMT5EncoderModel.from_pretrained,
+            "tokenizer": AutoTokenizer.from_pretrained,
+            "scheduler": FlowMatchEulerDiscreteScheduler.from_pretrained,
+        },
+    )
