@@ -103,6 +103,9 @@ class Claim:
     scales: tuple[str, ...] = SCALES
     requires: str = ""  # "cuda": listed but unrun without a GPU
     note: str = ""
+    # better / parity: the compared runs may read different scalars of one kind (say two orderings' AUCs that
+    # one analysis fit logs side by side); without it every compared run must read the same metric
+    same_units: bool = False
 
     def runs(self) -> tuple[str, ...]:
         """The card runs this claim reads."""
@@ -219,7 +222,10 @@ def _parse_claim(where: str, i: int, raw: Any, runs: dict[str, RunSpec]) -> Clai
         scales=scales,
         requires=str(raw.get("requires", "")),
         note=str(raw.get("note", "")),
+        same_units=raw.get("same_units", False),
     )
+    if not isinstance(claim.same_units, bool):
+        raise CardError(f"{at}: same_units must be true or false, got {raw['same_units']!r}")
     if kind == "mechanism":
         if not claim.value or claim.op not in MECHANISM_OPS or "target" not in raw:
             raise CardError(
@@ -253,8 +259,11 @@ def _parse_claim(where: str, i: int, raw: Any, runs: dict[str, RunSpec]) -> Clai
         scales = tuple(s for s in SCALES if all(s in runs[r].scales for r in claim.runs()))
         claim = dataclasses.replace(claim, scales=scales)
     metrics = {runs[r].metric for r in (claim.method, *claim.against, *claim.controls) if r}
-    if kind != "mechanism" and len(metrics) > 1:
-        raise CardError(f"{at} compares runs that read different metrics: {sorted(map(str, metrics))}")
+    if kind != "mechanism" and len(metrics) > 1 and not claim.same_units:
+        raise CardError(
+            f"{at} compares runs that read different metrics: {sorted(map(str, metrics))} (set "
+            "'same_units: true' only where they are scalars of one kind, e.g. two orderings' AUCs of one fit)"
+        )
     return claim
 
 

@@ -285,6 +285,7 @@ def test_seed_placeholder_in_overrides(tmp_path):
         (("kind: better", "kind: parity"), "name 'controls'"),
         (('    op: ">"\n', ""), "a mechanism claim needs"),
         (("against: [lora]", "against: [plus_rank]"), "compares runs that read different metrics"),
+        (("margin: 0.1", "margin: 0.1\n    same_units: maybe"), "same_units must be true or false"),
         (("seeds: [0, 1, 2]", "seeds: [0, 1]"), "at least 3 distinct seeds"),
         (("claim: LoKRA+ fits a diagonal target that LoRA cannot.\n", ""), "missing required key 'claim'"),
         (
@@ -300,6 +301,17 @@ def test_card_validation_names_the_problem(tmp_path, mutation, message):
     bad = write_card(tmp_path, TINY_CARD.replace(*mutation, 1))
     with pytest.raises(CardError, match=message):
         load_card(bad)
+
+
+def test_same_units_lets_a_claim_compare_two_scalars_of_one_fit(tmp_path):
+    """Two scalars of one kind (two orderings' AUCs logged by one analysis fit) may be compared when the claim
+    says so; the refusal without it is tested above."""
+    text = TINY_CARD.replace("against: [lora]", "against: [plus_rank]", 1).replace(
+        "margin: 0.1", "margin: 0.1\n    same_units: true", 1
+    )
+    card = load_card(write_card(tmp_path, text), check_falsifiable=False)
+    claim = next(c for c in card.claims if c.id == "plus_beats_lora")
+    assert claim.same_units and claim.against == ("plus_rank",)
 
 
 def test_override_args_format():
