@@ -122,6 +122,22 @@ def test_guard_refuses_a_trainable_module_and_a_bad_path(tmp_path):
         FrozenParamGuard([])
 
 
+def test_guard_exclude_leaves_the_trained_tensors_out_and_guards_the_rest(tmp_path):
+    """A method that trains some tensors inside a guarded module (SCNS: chosen K/V rows, one token row) names
+    them in ``exclude``; a write to an excluded tensor passes, a write to any other still fails."""
+    excl = FrozenParamGuard(["backbone"], exclude=[r"^backbone\.2\.weight$"])
+    trainer = fit(Toy(fault="write"), [excl], tmp_path)
+    assert float(trainer.callback_metrics["val/backbone_changed"]) == 0.0
+    assert excl.before is not None and "backbone.2.weight" not in excl.before["backbone"]
+    model = Toy(fault="write")
+    model.backbone[2].requires_grad_(True)  # trainable and excluded: no refusal at fit start
+    fit(model, [FrozenParamGuard(["backbone"], exclude=[r"backbone\.2\."])], tmp_path)
+    with pytest.raises(RuntimeError, match=r"changed during the fit: backbone\.2\.weight$"):
+        fit(Toy(fault="write"), [FrozenParamGuard(["backbone"], exclude=[r"backbone\.0\."])], tmp_path)
+    with pytest.raises(ValueError, match=r"exclude must be regular expressions, got \['\('\]"):
+        FrozenParamGuard(["backbone"], exclude=["("])
+
+
 def test_fraction_logger_matches_an_independent_count(tmp_path):
     trainer = fit(Toy(), [TrainableFractionLogger("backbone")], tmp_path)
     head, backbone = 8 * 1 + 1, (4 * 8 + 8) + (8 * 8 + 8)

@@ -287,6 +287,7 @@ def test_concept_folder_missing_fails_at_once(tmp_path):
 def test_toy_stream_sparsity_freezing_fusion_free(monkeypatch, tmp_path):
     import lightning as L
 
+    from litlab.callbacks.frozen_guard import FrozenParamGuard
     from litlab.datamodules.continual_concepts import ContinualConceptDataModule, token_id
     from litlab.lit_modules.diffusion.ddpm import TinyT2IConfig, pretrained_tiny_t2i
     from litlab.lit_modules.diffusion.scns import SCNS, SelectionConfig
@@ -302,6 +303,7 @@ def test_toy_stream_sparsity_freezing_fusion_free(monkeypatch, tmp_path):
             if module._opt is not None:
                 decays.extend(g["weight_decay"] for g in module._opt.param_groups)
 
+    guard = FrozenParamGuard(["model"], exclude=[r"attn2\.to_[kv]\.", "token_embedding"])  # as quick.yaml
     trainer = L.Trainer(
         max_epochs=2,
         accelerator="cpu",
@@ -310,9 +312,10 @@ def test_toy_stream_sparsity_freezing_fusion_free(monkeypatch, tmp_path):
         enable_progress_bar=False,
         enable_model_summary=False,
         reload_dataloaders_every_n_epochs=1,
-        callbacks=[WatchOptimizer()],
+        callbacks=[WatchOptimizer(), guard],
     )
-    trainer.fit(model, datamodule=dm)
+    trainer.fit(model, datamodule=dm)  # the guard raises if a tensor outside K/V and the token rows changed
+    assert len(guard.before["model"]) > 250 and guard.changed(model) == {"model": []}
     assert decays and all(d == 0.0 for d in decays)
     base = pretrained_tiny_t2i(base_cfg, dm, 0)  # the cached base, as before task 1
     before, after = base.state_dict(), model.model.state_dict()

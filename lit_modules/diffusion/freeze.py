@@ -6,7 +6,8 @@
   defined in ``core.frozen``; ``litlab.callbacks.trainable_fraction.TrainableFractionLogger`` logs it.
 
 The bit-identity check of frozen modules across a fit is a callback: ``litlab.callbacks.frozen_guard.FrozenParamGuard``
-(the LiteVSR configs put both callbacks in ``trainer.callbacks``).
+(the LiteVSR configs put both callbacks in ``trainer.callbacks``; SCNS's quick config guards its whole model
+but the K/V projections it may select and the token rows, through the guard's ``exclude``).
 """
 
 from __future__ import annotations
