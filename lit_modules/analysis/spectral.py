@@ -96,11 +96,14 @@ def noise_floors(m: int, r: int) -> dict[str, float]:
     return {"a": 1.0 / math.sqrt(m), "b": math.sqrt(2.0 * math.log(max(r, 2)) / m)}
 
 
-def spectral_change(W0: Tensor, Wd: Tensor, k: int = 16) -> dict[str, float]:
+def spectral_change(
+    W0: Tensor, Wd: Tensor, k: int = 16, factors: tuple[SVD, SVD] | None = None
+) -> dict[str, float]:
     """Every §3.2 scalar of one matrix pair: ``rW, rS, rho``, left/right mean agreement ``a``, best match ``b``,
-    top-k overlap ``ov`` (left singular vectors), and the noise floors of ``a`` and ``b``."""
+    top-k overlap ``ov`` (left singular vectors), and the noise floors of ``a`` and ``b``. ``factors``: the pair's
+    ``(svd(W0), svd(Wd))`` when the caller already has them (the same numbers, no second SVD)."""
     out = relative_changes(W0, Wd)
-    f0, fd = svd(W0), svd(Wd)
+    f0, fd = factors if factors is not None else (svd(W0), svd(Wd))
     aL, bL = alignment(f0.U, fd.U)
     aR, bR = alignment(f0.V, fd.V)
     floors = noise_floors(W0.shape[0], min(W0.shape))
@@ -117,13 +120,21 @@ def spectral_change(W0: Tensor, Wd: Tensor, k: int = 16) -> dict[str, float]:
 # ---- §3.2.6 the swap test [reconstructed] --------------------------------------------------------------
 def swap_values(W0: Tensor, Wd: Tensor) -> Tensor:
     """``W_val = U_0 diag(s_d) V_0ᵀ``: the tuned singular values on the base's singular vectors."""
-    f0, fd = svd(W0), svd(Wd)
-    return (f0.U * fd.s) @ f0.V.mT
+    return swap_values_from(svd(W0), svd(Wd))
 
 
 def swap_vectors(W0: Tensor, Wd: Tensor) -> Tensor:
     """``W_vec = U_d diag(s_0) V_dᵀ``: the base's singular values on the tuned singular vectors."""
-    f0, fd = svd(W0), svd(Wd)
+    return swap_vectors_from(svd(W0), svd(Wd))
+
+
+def swap_values_from(f0: SVD, fd: SVD) -> Tensor:
+    """``swap_values`` from the two SVDs."""
+    return (f0.U * fd.s) @ f0.V.mT
+
+
+def swap_vectors_from(f0: SVD, fd: SVD) -> Tensor:
+    """``swap_vectors`` from the two SVDs."""
     return (fd.U * f0.s) @ fd.V.mT
 
 
