@@ -15,8 +15,19 @@ Rendering is vectorised over images (masks from one coordinate grid), seeded by 
 is word-level and fixed (no tokenizer download); the concept tokens ``<V0>`` … are reserved rows of it, so the
 text encoder's embedding keeps its shape over the task sequence.
 
-Full scale reads a local folder in the CIFC / Custom-Diffusion layout (``images/<concept>/*.jpg``,
-``caption/<concept>/*.txt``): nothing is downloaded, and a missing folder stops the run at once.
+Full scale (``data_root``) reads a local folder in the CIFC / Custom-Diffusion layout (``images/<concept>/*.jpg``,
+``caption/<concept>/<image stem>.txt``); nothing is downloaded, and a missing or empty concept folder stops the run
+at once, naming it. Concepts t = 0..T-1 are the first ``num_concepts`` of ``concept_names``, in that order; each
+one's images are resized (shorter side, bicubic) and centre-cropped to ``image_size``, in [-1, 1]; a seeded split
+(``data_seed``, t) keeps ``heldout_images`` of them for the held-out grid and trains on the rest. Its class word
+is ``class_words[t]`` (default: the folder name without trailing digits, ``_`` read as a space: "duck_toy" ->
+"duck toy"). Prompts: an image's caption file, with ``<V_t>`` put before the first occurrence of the class word
+(or "a <V_t> {class word}, " before the caption when the caption does not name it); without a caption file the
+prompt is "a <V_t> {class word}" (``caption_sources[t]`` says which: "captions", "prompt" or "mixed"). Held-out
+loss, samples and base preservation use "a <V_t> {class word}" / "a {class word}"; the general-neuron calibration
+prompts are templates over the class words. The folder world has no base world to pre-train on: it runs on a
+pretrained checkpoint, whose tokenizer the harness hands over with ``use_tokenizer`` (the captions and token rows
+are that tokenizer's).
 
 Task ``t`` owns epoch ``t`` of one fit (one epoch = ``steps_per_task`` batches); the harness reads the task of the
 current epoch through ``task_of_epoch``.
@@ -25,6 +36,8 @@ current epoch through ``task_of_epoch``.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -75,6 +88,17 @@ TEMPLATES = (
 CIFC_LAYOUT = (
     "<data_root>/images/<concept>/*.jpg and <data_root>/caption/<concept>/*.txt (one caption per image, "
     "CIFC / Custom-Diffusion layout, github.com/JiahuaDong/CIFC); concepts in data.init_args.concept_names"
+)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+CALIBRATION_TEMPLATES = (  # generic prompts for the general-neuron calibration of a folder world
+    "a photo of a {c}",
+    "a {c} on a beach",
+    "a {c} in the snow",
+    "a painting of a {c}",
+    "a close-up photo of a {c}",
+    "a {c} in a city street",
+    "a sketch of a {c}",
+    "a {c} on a wooden table",
 )
 
 
@@ -174,9 +198,11 @@ class ContinualConceptDataModule(L.LightningDataModule):
         data_seed: int = 0,
         data_root: str | None = None,
         concept_names: list[str] | None = None,
+        class_words: list[str] | None = None,
+        heldout_images: int = 1,
     ):
         super().__init__()
-        if not 1 <= num_concepts <= MAX_CONCEPTS:
+        if data_root is None and not 1 <= num_concepts <= MAX_CONCEPTS:
             raise ValueError(f"num_concepts must be in 1..{MAX_CONCEPTS}, got {num_concepts}")
         self.num_concepts = num_concepts
         self.images_per_concept = images_per_concept
@@ -191,17 +217,59 @@ class ContinualConceptDataModule(L.LightningDataModule):
         self.concept_names = concept_names
         self.vocab = VOCAB
         self.seq_len = SEQ_LEN
-        if data_root is not None:
-            check_concept_folder(data_root, concept_names)
+        self.heldout_images = heldout_images
+        self._tokenize: Callable[[list[str]], Tensor] = tokenize
+        self._token_id: Callable[[str], int] = token_id
         self._train: list[Tensor] = []
         self._heldout: list[Tensor] = []
+        self._captions: list[list[str]] = []  # the training images' prompts (folder world)
+        self.caption_sources: list[str] = []
+        if data_root is not None:
+            check_concept_folder(data_root, None)  # the folder itself first
+            if not concept_names:
+                raise ValueError(
+                    f"data_root {data_root} needs data.init_args.concept_names; expected {CIFC_LAYOUT}"
+                )
+            if not 1 <= num_concepts <= len(concept_names):
+                raise ValueError(
+                    f"num_concepts must be in 1..{len(concept_names)} (the concept_names given), got {num_concepts}"
+                )
+            if class_words is not None and len(class_words) < num_concepts:
+                raise ValueError(f"class_words has {len(class_words)} entries for {num_concepts} concepts")
+            if heldout_images < 1:
+                raise ValueError(f"heldout_images must be >= 1, got {heldout_images}")
+            self.concept_names = list(concept_names[:num_concepts])
+            check_concept_folder(data_root, self.concept_names, min_images=heldout_images + 1)
+        self.class_words = (
+            list(class_words[:num_concepts])
+            if class_words
+            else [default_class_word(n) for n in self.concept_names or []]
+        )
+
+    def use_tokenizer(
+        self, tokenize_fn: Callable[[list[str]], Tensor], token_id_fn: Callable[[str], int]
+    ) -> None:
+        """Prompts and token rows from a model's tokenizer instead of the fixed word-level vocabulary
+        (``tokenize_fn(prompts) -> ids``, ``token_id_fn(word) -> row``; the harness passes its base's)."""
+        self._tokenize, self._token_id = tokenize_fn, token_id_fn
 
     # ---- what the base model is pre-trained on -----------------------------------------------------
     def data_key(self) -> dict:
+        if self.data_root is not None:
+            return {
+                "folder": str(self.data_root),
+                "concepts": self.concept_names,
+                "image_size": self.image_size,
+            }
         return {"world": "shapes-v1", "image_size": self.image_size}
 
     def base_batch(self, batch_size: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
         """``batch_size`` base-world images and their prompt ids; the colour word dropped with prob. 0.2."""
+        if self.data_root is not None:
+            raise ValueError(
+                f"the concept folder {self.data_root} has no base world to pre-train a small base on; give the "
+                "model a pretrained checkpoint (model.init_args.pretrained_path)"
+            )
         shape = torch.randint(0, len(SHAPES), (batch_size,), generator=gen)
         colour = torch.randint(0, len(COLOURS), (batch_size,), generator=gen)
         drop = torch.rand(batch_size, generator=gen) < 0.2
@@ -215,7 +283,12 @@ class ContinualConceptDataModule(L.LightningDataModule):
         return x, tokenize(prompts)
 
     def base_eval_set(self, gen_seed: int = 12345) -> tuple[Tensor, Tensor]:
-        """One render of each of the 48 base prompts "a {colour} {shape}" (base preservation, tau = 500)."""
+        """One render of each of the 48 base prompts "a {colour} {shape}" (base preservation, tau = 500). Folder
+        world: every concept's held-out images under its class-only prompt "a {class word}" [R]."""
+        if self.data_root is not None:
+            self.setup()
+            prompts = [self.class_prompt(t) for t in range(self.num_concepts) for _ in self._heldout[t]]
+            return torch.cat(self._heldout), self._tokenize(prompts)
         gen = torch.Generator().manual_seed(gen_seed)
         pairs = [(s, c) for s in range(len(SHAPES)) for c in range(len(COLOURS))]
         shape = torch.tensor([s for s, _ in pairs])
@@ -223,10 +296,12 @@ class ContinualConceptDataModule(L.LightningDataModule):
         table = torch.tensor(list(COLOURS.values()))
         x = render(shape, table[colour], None, None, self.image_size, gen)
         names = list(COLOURS)
-        return x, tokenize([f"a {names[c]} {SHAPES[s]}" for s, c in pairs])
+        return x, self._tokenize([f"a {names[c]} {SHAPES[s]}" for s, c in pairs])
 
     # ---- concepts ------------------------------------------------------------------------------
     def concept(self, t: int) -> dict:
+        if self.data_root is not None:
+            return {"name": self.concept_names[t], "token": f"<V{t}>", "class_word": self.class_words[t]}
         shape, pattern, c1, c2 = CONCEPTS[t]
         return {
             "shape": shape,
@@ -238,15 +313,18 @@ class ContinualConceptDataModule(L.LightningDataModule):
 
     def concept_prompt(self, t: int) -> str:
         c = self.concept(t)
-        return f"a {c['token']} {c['shape']}"
+        return f"a {c['token']} {c['class_word']}"
 
     def class_prompt(self, t: int) -> str:
-        return f"a {self.concept(t)['shape']}"
+        return f"a {self.concept(t)['class_word']}"
+
+    def concept_tokens(self) -> list[str]:
+        return [self.concept(t)["token"] for t in range(self.num_concepts)]
 
     def token_ids(self, t: int) -> tuple[int, int]:
         """(id of <V_t>, id of its class word): the row to train and the row it is initialised from."""
         c = self.concept(t)
-        return token_id(c["token"]), token_id(c["class_word"])
+        return self._token_id(c["token"]), self._token_id(c["class_word"])
 
     def _render_concept(self, t: int, n: int, gen: torch.Generator) -> Tensor:
         shape, pattern, c1, c2 = CONCEPTS[t]
@@ -257,6 +335,9 @@ class ContinualConceptDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self._train:
+            return
+        if self.data_root is not None:
+            self._load_folder()
             return
         self._train, self._heldout = [], []
         for t in range(self.num_concepts):
@@ -269,19 +350,68 @@ class ContinualConceptDataModule(L.LightningDataModule):
         self.setup()
         return self._train[t]
 
-    def heldout(self, t: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Concept t's held-out grid: images (N, 3, H, W), timesteps (N,), noise (N, 3, H, W), with
-        N = heldout_per_concept × len(eval_timesteps) and the noise fixed by (data_seed, t)."""
+    def _load_folder(self) -> None:
+        root = Path(self.data_root)
+        self._train, self._heldout, self._captions, self.caption_sources = [], [], [], []
+        for t, name in enumerate(self.concept_names):
+            files = concept_images(root, name)
+            gen = torch.Generator().manual_seed(self.data_seed * 7919 + 101 * t + 1)
+            order = torch.randperm(len(files), generator=gen).tolist()
+            held, train = order[: self.heldout_images], order[self.heldout_images :]
+            images = torch.stack([load_image(f, self.image_size) for f in files])
+            prompts, sources = [], set()
+            for i in train:
+                caption_file = root / "caption" / name / f"{files[i].stem}.txt"
+                if caption_file.is_file():
+                    prompts.append(self.caption_prompt(t, caption_file.read_text().strip()))
+                    sources.add("captions")
+                else:
+                    prompts.append(self.concept_prompt(t))
+                    sources.add("prompt")
+            self._train.append(images[train])
+            self._heldout.append(images[held])
+            self._captions.append(prompts)
+            self.caption_sources.append(sources.pop() if len(sources) == 1 else "mixed")
+
+    def caption_prompt(self, t: int, caption: str) -> str:
+        """``<V_t>`` put before the first occurrence of the class word in ``caption`` (whole words, any case),
+        or "a <V_t> {class word}, {caption}" when the caption does not name it."""
+        c = self.concept(t)
+        words = r"\s+".join(re.escape(w) for w in c["class_word"].split())
+        pattern = re.compile(rf"(?<![\w<])({words})(?!\w)", re.IGNORECASE)
+        if caption and pattern.search(caption):
+            return pattern.sub(lambda m: f"{c['token']} {m.group(1)}", caption, count=1)
+        return f"{self.concept_prompt(t)}, {caption}" if caption else self.concept_prompt(t)
+
+    def task_prompts(self, t: int) -> list[str]:
+        """The prompt of each training image of concept t (``task_images(t)``'s order)."""
+        self.setup()
+        if self.data_root is not None:
+            return list(self._captions[t])
+        return [self.concept_prompt(t)] * len(self._train[t])
+
+    def heldout(self, t: int, noise_shape: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Concept t's held-out grid: images (N, 3, H, W), timesteps (N,), noise (N, *noise_shape) (default the
+        image's shape; the latent shape for a latent model), with N = held-out images × len(eval_timesteps)
+        and the noise fixed by (data_seed, t)."""
         self.setup()
         x = self._heldout[t]
         taus = torch.tensor(self.eval_timesteps)
         xs = x.repeat_interleave(len(taus), dim=0)
         ts = taus.repeat(len(x))
         gen = torch.Generator().manual_seed(self.data_seed * 7919 + 50_000 + t)
-        return xs, ts, torch.randn(xs.shape, generator=gen)
+        shape = xs.shape if noise_shape is None else (len(xs), *noise_shape)
+        return xs, ts, torch.randn(shape, generator=gen)
 
     def calibration_prompts(self) -> list[str]:
         """``num_calibration_prompts`` generic prompts from templates (CNS's general-neuron calibration)."""
+        if self.data_root is not None:
+            return [
+                CALIBRATION_TEMPLATES[i % len(CALIBRATION_TEMPLATES)].format(
+                    c=self.class_words[(i // len(CALIBRATION_TEMPLATES)) % len(self.class_words)]
+                )
+                for i in range(self.num_calibration_prompts)
+            ]
         gen = torch.Generator().manual_seed(777)
         names = list(COLOURS)
         out = []
@@ -297,7 +427,7 @@ class ContinualConceptDataModule(L.LightningDataModule):
         return min(epoch, self.num_concepts - 1)
 
     def train_dataloader(self) -> DataLoader:
-        """``steps_per_task`` batches of the current task's renders with its prompt (sampled with
+        """``steps_per_task`` batches of the current task's images with their prompts (sampled with
         replacement, order seeded by (PL_GLOBAL_SEED, task))."""
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         t = self.task_of_epoch(epoch)
@@ -305,17 +435,54 @@ class ContinualConceptDataModule(L.LightningDataModule):
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) * 1000 + t
         gen = torch.Generator().manual_seed(seed)
         idx = torch.randint(0, len(x), (self.steps_per_task * self.batch_size,), generator=gen)
-        ids = tokenize([self.concept_prompt(t)]).expand(len(idx), -1)
-        return DataLoader(TensorDataset(x[idx], ids.clone()), batch_size=self.batch_size, shuffle=False)
+        if self.data_root is not None:
+            ids = self._tokenize(self.task_prompts(t))[idx]
+        else:
+            ids = self._tokenize([self.concept_prompt(t)]).expand(len(idx), -1).clone()
+        return DataLoader(TensorDataset(x[idx], ids), batch_size=self.batch_size, shuffle=False)
 
 
-def check_concept_folder(data_root: str, concept_names: list[str] | None) -> None:
-    """Stop at once when the full-scale concept folder is missing (nothing is downloaded)."""
+def default_class_word(concept_name: str) -> str:
+    """A concept folder's name read as its class word: "duck_toy" -> "duck toy", "dog2" -> "dog"."""
+    return re.sub(r"\d+$", "", concept_name).replace("_", " ").strip() or concept_name
+
+
+def concept_images(root: Path, name: str) -> list[Path]:
+    folder = root / "images" / name
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def load_image(path: Path, size: int) -> Tensor:
+    """(3, size, size) in [-1, 1]: shorter side resized to ``size`` (bicubic), centre crop."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as img:
+        img = img.convert("RGB")
+        w, h = img.size
+        scale = size / min(w, h)
+        img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BICUBIC)
+        w, h = img.size
+        left, top = (w - size) // 2, (h - size) // 2
+        img = img.crop((left, top, left + size, top + size))
+        arr = np.asarray(img, dtype=np.float32)
+    return torch.from_numpy(arr).permute(2, 0, 1).contiguous() / 127.5 - 1.0
+
+
+def check_concept_folder(data_root: str, concept_names: list[str] | None, min_images: int = 1) -> None:
+    """Stop at once when the full-scale concept folder, a concept's image folder or its images are missing
+    (nothing is downloaded); caption files are optional."""
     root = Path(data_root)
-    if not (root / "images").is_dir() or not (root / "caption").is_dir():
+    if not (root / "images").is_dir():
         raise FileNotFoundError(f"concept folder {root} not found or incomplete; expected {CIFC_LAYOUT}")
     for name in concept_names or []:
         if not (root / "images" / name).is_dir():
             raise FileNotFoundError(
                 f"concept {name!r} has no folder {root / 'images' / name}; expected {CIFC_LAYOUT}"
+            )
+        found = len(concept_images(root, name))
+        if found < min_images:
+            raise FileNotFoundError(
+                f"concept {name!r}: {found} images ({', '.join(IMAGE_SUFFIXES)}) in {root / 'images' / name}, "
+                f"needs at least {min_images} (heldout_images + 1 to train on)"
             )

@@ -4,7 +4,8 @@
                      only file of the family that imports ``datamodules/``.
 * ``ddpm.py``        DDPM ε-loss on diffusers' ``DDPMScheduler``; the quick-scale text-to-image base (a
                      diffusers ``UNet2DConditionModel`` + a ``transformers.CLIPTextModel`` built from configs,
-                     pre-trained here and cached once per seed); loading a full-scale diffusers checkpoint.
+                     pre-trained here and cached once per seed); ``LatentT2I``, a full-scale diffusers
+                     checkpoint (UNet, CLIP text encoder and tokenizer, VAE, scheduler) as the latent base.
 * ``neurons.py``     cross-attention neurons (K/V rows): ground set, per-sample gradients in one backward,
                      saliency, diagonal Fisher, and ``RowDeltaBranch``, a row-selective branch of the adapter
                      core's ``AdapterLinear`` (merged in place and unwrapped: fusion-free).

@@ -66,11 +66,20 @@ class ConceptStreamData(Protocol):
         """(row of <V_t>, row of its class word) in the text encoder's embedding."""
         ...
 
-    def heldout(self, t: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Concept t's held-out (images, timesteps, noise) grid."""
+    def heldout(self, t: int, noise_shape: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Concept t's held-out (images, timesteps, noise) grid; the noise in ``noise_shape`` per item (default
+        the image's: pixel space)."""
         ...
 
     def calibration_prompts(self) -> list[str]: ...
+
+    def concept_tokens(self) -> list[str]:
+        """``<V_t>`` of every concept, in task order."""
+        ...
+
+    def use_tokenizer(self, tokenize_fn, token_id_fn) -> None:
+        """Prompts and token rows from a pretrained base's tokenizer instead of the fixed vocabulary."""
+        ...
 
 
 def check_data(dm: object, user: str) -> None:

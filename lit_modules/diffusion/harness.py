@@ -31,6 +31,16 @@ after task k and after the last task under "a <V_k> {class}" — and those rende
 ``concept_samples.safetensors`` in the run folder after the last task. ``sample_t_start = 0`` samples from pure
 noise instead (the 150-step quick base cannot: its one-step x̂0 is noise from τ ≈ 500 up, measured on seed 0).
 They use their own generator, so the stream's numbers are the same with and without them.
+
+Two bases, one loop: without ``pretrained_path`` the quick-scale ``ddpm.TinyT2I`` (pixel space, fixed word-level
+vocabulary, pre-trained here on the DataModule's base world); with it, ``ddpm.LatentT2I`` loaded from a
+diffusers-layout folder or hub id (Stable Diffusion 1.5 in ``configs/scns/full.yaml``): the images of the stream
+are VAE latents (``x0``: posterior mean × ``scaling_factor``; samples are decoded back through the VAE), the CLIP
+tokenizer gets the concept tokens ``<V_t>`` (the embedding grows by their rows; each is set from its class word
+at the start of its task, as at the quick scale) and the DataModule tokenises its prompts with it; the training
+scheduler is the checkpoint's (as a ``DDPMScheduler``). Everything the loop computes goes through the base's
+``tokenize`` / ``x0`` / ``decode``, which the tiny base answers as before, so the quick scale's numbers did not move.
+The latent loop is tested end to end on a tiny diffusers-layout checkpoint; it has not been run at SD1.5 scale.
 """
 
 from __future__ import annotations
@@ -41,8 +51,9 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from litlab.lit_modules.diffusion.contract import check_data, tokenize
+from litlab.lit_modules.diffusion.contract import check_data
 from litlab.lit_modules.diffusion.ddpm import (
+    LatentT2I,
     TinyT2IConfig,
     ddim_sample,
     ddpm_losses,
@@ -86,7 +97,7 @@ class ContinualNeuronTuning(L.LightningModule):
         self.base_cfg = base if isinstance(base, TinyT2IConfig) else TinyT2IConfig(**base)
         self.automatic_optimization = False
         self.model: Any = None
-        self.scheduler = make_scheduler(self.base_cfg.num_train_timesteps)
+        self.gs: GroundSet | None = None
         self.loss_matrix: dict[int, dict[int, float]] = {}  # ℓ_k(t): [k][t]
         self.base_class_loss: dict[int, float] = {}
         self.task_log: list[dict[str, float]] = []
@@ -98,23 +109,29 @@ class ContinualNeuronTuning(L.LightningModule):
         self._adapted: dict = {}
         self._selected: Tensor | None = None
         self._token_hook = None
-        if pretrained_path is not None:
-            from litlab.lit_modules.diffusion.ddpm import load_pretrained_t2i
-
-            load_pretrained_t2i(pretrained_path)  # stops at once offline, naming the checkpoint
-            raise NotImplementedError(
-                f"{pretrained_path} is available, but the full-scale latent-space loop (VAE latents, the CLIP "
-                "tokenizer with added concept tokens, CIFC folders) is not built yet; the quick scale runs the "
-                "same selection on the tiny base"
-            )
+        if pretrained_path is not None:  # stops at once offline, naming the checkpoint
+            self.model = LatentT2I.from_pretrained(pretrained_path)
+            self.scheduler = self.model.scheduler
+        else:
+            self.scheduler = make_scheduler(self.base_cfg.num_train_timesteps)
+        self.num_train_timesteps = int(self.scheduler.config.num_train_timesteps)
 
     # ---- construction ---------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        if self.model is not None:
+        if self.gs is not None:
             return
         dm = self.trainer.datamodule
         check_data(dm, type(self).__qualname__)
-        self.model = pretrained_tiny_t2i(self.base_cfg, dm, self.hparams.base_seed)
+        if self.model is None:
+            if getattr(dm, "data_root", None) is not None:
+                raise ValueError(
+                    f"the concept folder {dm.data_root} needs a pretrained text-to-image base: set "
+                    "model.init_args.pretrained_path (the tiny base is pre-trained on the procedural world only)"
+                )
+            self.model = pretrained_tiny_t2i(self.base_cfg, dm, self.hparams.base_seed)
+        else:  # the latent base: its tokenizer learns the concept tokens and tokenises the DataModule's prompts
+            self.model.add_concept_tokens(dm.concept_tokens())
+            dm.use_tokenizer(self.model.tokenize, self.model.token_id)
         self.model.requires_grad_(False)
         self.model.eval()
         self.gs: GroundSet = ground_set(self.model.unet, self.hparams.ground_set)
@@ -123,29 +140,38 @@ class ContinualNeuronTuning(L.LightningModule):
     def configure_optimizers(self):
         return None  # one AdamW per task, built in begin_task (manual optimisation)
 
+    def tokenize(self, prompts: list[str]) -> Tensor:
+        return self.model.tokenize(prompts)
+
     def encode(self, ids: Tensor) -> Tensor:
-        return self.model.encode(ids)
+        return self.model.encode(ids.to(self.device))
+
+    def to_x0(self, images: Tensor) -> Tensor:
+        """What the UNet denoises: the images themselves (tiny base) or their VAE latents (latent base)."""
+        return self.model.x0(images.to(self.device))
 
     def task_losses(self, x0: Tensor, prompt: str, t: Tensor, noise: Tensor) -> Tensor:
-        ids = tokenize([prompt]).expand(len(x0), -1)
+        """Per-sample ε-loss of ``x0`` (already ``to_x0``) under ``prompt``."""
+        ids = self.tokenize([prompt]).expand(len(x0), -1)
         return ddpm_losses(self.model.unet, self.scheduler, x0, self.encode(ids), t, noise)
 
     @torch.no_grad()
     def heldout_loss(self, dm, k: int, prompt: str) -> float:
-        x, ts, noise = dm.heldout(k)
+        x, ts, noise = dm.heldout(k, self.model.x0_shape(dm.image_size))
         total = 0.0
         for i in range(0, len(x), self.hparams.eval_batch):
             sl = slice(i, i + self.hparams.eval_batch)
-            total += float(self.task_losses(x[sl], prompt, ts[sl], noise[sl]).sum())
+            total += float(self.task_losses(self.to_x0(x[sl]), prompt, ts[sl], noise[sl]).sum())
         return total / len(x)
 
     @torch.no_grad()
     def base_loss(self, dm) -> float:
         x, ids = dm.base_eval_set()
+        x0 = self.to_x0(x)
         gen = torch.Generator().manual_seed(4242)
-        noise = torch.randn(x.shape, generator=gen)
+        noise = torch.randn(x0.shape, generator=gen)
         t = torch.full((len(x),), 500, dtype=torch.long)
-        return float(ddpm_losses(self.model.unet, self.scheduler, x, self.encode(ids), t, noise).mean())
+        return float(ddpm_losses(self.model.unet, self.scheduler, x0, self.encode(ids), t, noise).mean())
 
     def sample_inputs(self, dm, k: int) -> Tensor:
         """Concept k's first ``samples_per_concept`` held-out renders (distinct images of its held-out grid)."""
@@ -157,24 +183,25 @@ class ContinualNeuronTuning(L.LightningModule):
         """``samples_per_concept`` samples per concept in ``concepts`` (one batch), each concept from its own
         fixed noise and held-out renders (the same in every column of the grid and in every method)."""
         n, t0 = self.hparams.samples_per_concept, self.hparams.sample_t_start
-        init = torch.cat([self.sample_inputs(dm, k) for k in concepts])
+        init = self.to_x0(torch.cat([self.sample_inputs(dm, k) for k in concepts]))
         noise = torch.cat(
             [
                 torch.randn(n, *init.shape[1:], generator=torch.Generator().manual_seed(31_337 + k))
                 for k in concepts
             ]
         )
-        ids = tokenize(prompts).repeat_interleave(n, dim=0)
+        ids = self.tokenize(prompts).repeat_interleave(n, dim=0)
         x = ddim_sample(
             self.model.unet,
             self.scheduler,
             self.encode(ids),
-            noise,
+            noise.to(init.device, init.dtype),
             self.hparams.sample_steps,
             init=init if t0 else None,
             t_start=t0 or None,
+            clamp=False,
         )
-        return list(x.split(n))
+        return list(self.model.decode(x).cpu().split(n))
 
     def save_samples(self) -> None:
         if not self.samples or self._trainer is None or self.global_rank != 0:
@@ -230,7 +257,7 @@ class ContinualNeuronTuning(L.LightningModule):
         self._adapted = attach_row_deltas(self.model.unet, self.gs.split(selected))
         deltas = [layer.branches["rows"].delta for layer in self._adapted.values()]
         emb.requires_grad_(True)
-        mask = torch.zeros(emb.shape[0], 1, dtype=emb.dtype)
+        mask = torch.zeros(emb.shape[0], 1, dtype=emb.dtype, device=emb.device)
         mask[new_row] = 1.0
         self._token_hook = emb.register_hook(lambda g: g * mask)
         groups = [
@@ -243,8 +270,9 @@ class ContinualNeuronTuning(L.LightningModule):
         self.task_log.append(info)
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
-        x0, ids = batch
-        steps = torch.randint(0, self.base_cfg.num_train_timesteps, (len(x0),))
+        images, ids = batch
+        x0 = self.to_x0(images)
+        steps = torch.randint(0, self.num_train_timesteps, (len(x0),))
         noise = torch.randn_like(x0)
         loss = ddpm_losses(self.model.unet, self.scheduler, x0, self.encode(ids), steps, noise).mean()
         opt = self.optimizers()
@@ -297,7 +325,7 @@ class ContinualNeuronTuning(L.LightningModule):
         after = self.model.state_dict()
         allowed_rows = {f"unet.{name}.weight": rows for name, rows in self.gs.split(self._selected).items()}
         emb_key = next(k for k in after if k.endswith("token_embedding.weight"))
-        allowed_rows[emb_key] = torch.tensor([dm.token_ids(t)[0]])
+        allowed_rows[emb_key] = torch.tensor([dm.token_ids(t)[0]], device=after[emb_key].device)
         changed_frac = 0.0
         for key, before in self._before.items():
             diff = (

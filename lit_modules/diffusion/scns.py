@@ -40,7 +40,6 @@ import torch
 from torch import Tensor
 
 from litlab.lit_modules.core.config import config_part
-from litlab.lit_modules.diffusion.contract import tokenize
 from litlab.lit_modules.diffusion.ddpm import TinyT2IConfig
 from litlab.lit_modules.diffusion.harness import ContinualNeuronTuning
 from litlab.lit_modules.diffusion.neurons import (
@@ -166,7 +165,7 @@ class SCNS(ContinualNeuronTuning):
     def probe_saliency(self, t: int, dm) -> Tensor:
         """(M, N) saliency of every neuron on the task's M probes (one backward of the M probes)."""
         m = self.sel.num_probes
-        x = dm.task_images(t)
+        x = self.to_x0(dm.task_images(t))
         x0 = x[torch.arange(m) % len(x)]
         taus = torch.tensor([self.sel.probe_t0 + self.sel.probe_dt * i for i in range(m)])
         gen = torch.Generator().manual_seed(self.hparams.select_seed * 1_000 + t)
@@ -180,9 +179,9 @@ class SCNS(ContinualNeuronTuning):
 
     @torch.no_grad()
     def general_set(self, dm) -> Tensor:
-        ids = tokenize(dm.calibration_prompts())
+        ids = self.tokenize(dm.calibration_prompts())
         h = self.encode(ids)  # (R, L, d_txt)
-        keep = (ids != 0).to(h.dtype).unsqueeze(-1)  # real tokens, not padding
+        keep = self.model.token_mask(ids).to(h.device, h.dtype).unsqueeze(-1)  # real tokens, not padding
         acts = []
         for name in self.gs.modules:
             w = self.model.unet.get_submodule(name).weight
@@ -240,10 +239,10 @@ class SCNS(ContinualNeuronTuning):
     def task_fisher(self, t: int, dm) -> Tensor:
         """Per-neuron diagonal empirical Fisher of task t on the merged model (M_F per-sample gradients)."""
         m = self.sel.fisher_samples
-        x = dm.task_images(t)
+        x = self.to_x0(dm.task_images(t))
         gen = torch.Generator().manual_seed(self.hparams.select_seed * 1_000 + 900 + t)
         x0 = x[torch.arange(m) % len(x)]
-        taus = torch.randint(0, self.base_cfg.num_train_timesteps, (m,), generator=gen)
+        taus = torch.randint(0, self.num_train_timesteps, (m,), generator=gen)
         noise = torch.randn(x0.shape, generator=gen)
         prompt = dm.concept_prompt(t)
         grads = per_sample_row_grads(

@@ -1,0 +1,260 @@
+"""SCNS's full-scale (latent) loop end to end without downloads: a tiny diffusers-layout text-to-image checkpoint
+(UNet2DConditionModel with cross-attention, CLIPTextModel, a CLIPTokenizer from a vocabulary and merges written
+here, AutoencoderKL, DDPMScheduler, model_index.json) and a tiny concept folder in the CIFC layout, fitted through
+``litlab fit --config configs/scns/full.yaml`` with small overrides. Stable Diffusion 1.5 itself is never loaded
+here; the offline failure of the real config is ``test_scns.test_full_config_fails_offline_naming_the_model``.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SEQ = 16  # tokenizer model_max_length = text encoder positions
+
+
+def write_tiny_sd(folder: Path) -> Path:
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    from litlab.lit_modules.diffusion.ddpm import diffusers_classes
+
+    AutoencoderKL, DDPMScheduler, UNet2DConditionModel = diffusers_classes(
+        "AutoencoderKL", "DDPMScheduler", "UNet2DConditionModel"
+    )
+    torch.manual_seed(0)
+    chars = list(string.ascii_lowercase) + list("<>_,.!-0123456789")
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab.update({f"{c}</w>": len(chars) + i for i, c in enumerate(chars)})
+    merges = ["d o", "do g</w>", "t o", "to y</w>", "p h", "ph o", "pho t", "phot o</w>"]
+    for m in merges:
+        vocab["".join(m.split())] = len(vocab)
+    vocab["<|startoftext|>"] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    raw = folder / "raw_tokenizer"
+    raw.mkdir(parents=True)
+    (raw / "vocab.json").write_text(json.dumps(vocab))
+    (raw / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    tok = CLIPTokenizer(str(raw / "vocab.json"), str(raw / "merges.txt"), model_max_length=SEQ)
+    tok.save_pretrained(folder / "tokenizer")
+    eos = vocab["<|endoftext|>"]
+    CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(vocab),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=SEQ,
+            bos_token_id=vocab["<|startoftext|>"],
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
+    ).save_pretrained(folder / "text_encoder")
+    UNet2DConditionModel(
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(16, 32),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=16,
+        attention_head_dim=8,
+        norm_num_groups=8,
+    ).save_pretrained(folder / "unet")
+    AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        latent_channels=4,
+        norm_num_groups=8,
+        layers_per_block=1,
+        sample_size=32,
+    ).save_pretrained(folder / "vae")
+    DDPMScheduler(
+        num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"
+    ).save_pretrained(folder / "scheduler")
+    (folder / "model_index.json").write_text(
+        json.dumps(
+            {
+                "_class_name": "StableDiffusionPipeline",
+                "unet": ["diffusers", "UNet2DConditionModel"],
+                "text_encoder": ["transformers", "CLIPTextModel"],
+                "tokenizer": ["transformers", "CLIPTokenizer"],
+                "vae": ["diffusers", "AutoencoderKL"],
+                "scheduler": ["diffusers", "DDPMScheduler"],
+            }
+        )
+    )
+    return folder
+
+
+def write_concepts(root: Path, captions: dict[str, list[str | None]], size: int = 40) -> Path:
+    """``images/<concept>/<i>.png`` (size × size, a coloured square on a grey field) and, where given,
+    ``caption/<concept>/<i>.txt``."""
+    from PIL import Image, ImageDraw
+
+    for c, (name, caps) in enumerate(captions.items()):
+        (root / "images" / name).mkdir(parents=True)
+        (root / "caption" / name).mkdir(parents=True, exist_ok=True)
+        for i, cap in enumerate(caps):
+            img = Image.new("RGB", (size + 8 * i, size), (90 + 10 * i, 90, 90))
+            ImageDraw.Draw(img).rectangle([8 + 2 * i, 8, 26 + 2 * i, 26], fill=(200, 40 + 100 * c, 40))
+            img.save(root / "images" / name / f"{i}.png")
+            if cap is not None:
+                (root / "caption" / name / f"{i}.txt").write_text(cap)
+    return root
+
+
+def test_concept_folder_datamodule(tmp_path):
+    from litlab.datamodules.continual_concepts import ContinualConceptDataModule
+    from litlab.lit_modules.diffusion.contract import check_data
+
+    root = write_concepts(
+        tmp_path / "cifc",
+        {"dog": ["a dog on the grass", "a photo of a Dog", "grass"], "duck_toy": [None, None, None]},
+    )
+    kw = dict(data_root=str(root), concept_names=["dog", "duck_toy"], num_concepts=2, image_size=32)
+    dm = ContinualConceptDataModule(**kw, eval_timesteps=[100, 500])
+    check_data(dm, "test")
+    dm.setup()
+    assert dm.class_words == ["dog", "duck toy"]
+    assert dm.concept_prompt(1) == "a <V1> duck toy" and dm.class_prompt(0) == "a dog"
+    assert dm.caption_sources == ["captions", "prompt"]
+    for t in range(2):
+        x = dm.task_images(t)
+        assert x.shape == (2, 3, 32, 32) and float(x.min()) >= -1.0 and float(x.max()) <= 1.0
+        assert len(dm.task_prompts(t)) == 2
+    assert set(dm.task_prompts(0)) <= {
+        "a <V0> dog on the grass",
+        "a photo of a <V0> Dog",
+        "a <V0> dog, grass",
+    }
+    assert dm.task_prompts(1) == ["a <V1> duck toy"] * 2
+    xs, ts, noise = dm.heldout(0, (4, 16, 16))
+    assert xs.shape == (2, 3, 32, 32) and ts.tolist() == [100, 500] and noise.shape == (2, 4, 16, 16)
+    again = ContinualConceptDataModule(**kw, eval_timesteps=[100, 500])
+    assert torch.equal(again.heldout(0, (4, 16, 16))[2], noise) and torch.equal(
+        again.heldout(1)[0], dm.heldout(1)[0]
+    )
+    other = ContinualConceptDataModule(**kw, data_seed=1)
+    assert len(other.task_images(0)) == 2  # the seeded split (which image is held out) may differ
+    assert len(dm.calibration_prompts()) == 64 and "a photo of a duck toy" in dm.calibration_prompts()
+    with pytest.raises(ValueError, match="pretrained_path"):
+        dm.base_batch(2, torch.Generator())
+
+
+def test_concept_folder_errors_name_the_concept(tmp_path):
+    from litlab.datamodules.continual_concepts import ContinualConceptDataModule
+
+    root = write_concepts(tmp_path / "cifc", {"dog": ["a dog", "a dog"], "cat": []})
+    with pytest.raises(FileNotFoundError, match="'duck_toy' has no folder"):
+        ContinualConceptDataModule(data_root=str(root), concept_names=["dog", "duck_toy"], num_concepts=2)
+    with pytest.raises(FileNotFoundError, match="concept 'cat': 0 images"):
+        ContinualConceptDataModule(data_root=str(root), concept_names=["dog", "cat"], num_concepts=2)
+    with pytest.raises(FileNotFoundError, match="concept 'dog': 2 images .* at least 3"):
+        ContinualConceptDataModule(
+            data_root=str(root), concept_names=["dog"], num_concepts=1, heldout_images=2
+        )
+    with pytest.raises(ValueError, match="concept_names"):
+        ContinualConceptDataModule(data_root=str(root), num_concepts=1)
+
+
+def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
+    """``litlab fit --config configs/scns/full.yaml`` on the tiny checkpoint and a two-concept folder: the selection
+    runs on the latent loop, only selected K/V rows and the token rows change (the config's FrozenParamGuard and a
+    diff against the checkpoint), and the sample grid is decoded through the VAE to 32 × 32 pixels."""
+    from safetensors.torch import load_file
+
+    from litlab.cli import LitlabCLI
+    from litlab.lit_modules.diffusion.ddpm import LatentT2I
+    from litlab.lit_modules.diffusion.report import CONCEPT_SAMPLES_FILE
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    sd = write_tiny_sd(tmp_path / "tiny-sd")
+    root = write_concepts(
+        tmp_path / "cifc", {"dog": ["a dog on the grass", "a photo of a dog", None], "duck_toy": [None] * 3}
+    )
+    cli = LitlabCLI(
+        args=[
+            "fit",
+            f"--config={ROOT / 'configs/scns/full.yaml'}",
+            f"--runs_dir={tmp_path / 'runs'}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.accelerator=cpu",
+            "--trainer.precision=32",
+            "--trainer.max_epochs=2",
+            f"--model.init_args.pretrained_path={sd}",
+            "--model.init_args.select.num_probes=4",
+            "--model.init_args.select.fisher_samples=4",
+            "--model.init_args.select.top_p=64",
+            "--model.init_args.lr_rows=0.05",
+            "--model.init_args.lr_token=0.05",
+            "--model.init_args.samples_per_concept=1",
+            "--model.init_args.sample_steps=3",
+            f"--data.init_args.data_root={root}",
+            "--data.init_args.num_concepts=2",
+            "--data.init_args.image_size=32",
+            "--data.init_args.steps_per_task=2",
+            "--data.init_args.eval_timesteps=[100,500]",
+        ]
+    )
+    trainer, model, dm = cli.trainer, cli.model, cli.datamodule
+    assert trainer.state.finished and trainer.global_step == 4
+    assert isinstance(model.model, LatentT2I)
+    # the selection ran: SCNS picked a few neurons of the latent UNet per task, each merged and logged
+    assert len(model.selections) == 2 and all(0 < len(s) < model.gs.size for s in model.selections)
+    assert all(
+        info["measured_changed_frac"] == pytest.approx(info["changed_frac"]) for info in model.task_log
+    )
+    assert model.omega.shape == (model.gs.size,) and float(model.omega.max()) > 0
+    for key in ("val/forgetting", "val/plasticity", "val/base_drift", "val/risk_sum"):
+        assert torch.isfinite(trainer.callback_metrics[key]), key
+    # only the selected K/V rows and the concept token rows differ from the checkpoint (the config's guard checked
+    # every other tensor of the model during the fit)
+    (guard,) = [c for c in trainer.callbacks if type(c).__name__ == "FrozenParamGuard"]
+    assert guard.changed(model) == {"model": []}
+    base = LatentT2I.from_pretrained(str(sd))
+    before, after = base.state_dict(), model.model.state_dict()
+    assert list(before) == list(after)
+    allowed = model.gs.split(sorted({n for s in model.selections for n in s}))
+    emb = next(k for k in before if k.endswith("token_embedding.weight"))
+    new_rows = [dm.token_ids(t)[0] for t in range(2)]
+    assert (
+        new_rows == [before[emb].shape[0], before[emb].shape[0] + 1]
+        and after[emb].shape[0] == new_rows[-1] + 1
+    )
+    assert torch.equal(after[emb][: before[emb].shape[0]], before[emb])
+    for t in range(2):  # each token row moved away from its class word's row, which it started from
+        assert not torch.equal(after[emb][new_rows[t]], before[emb][dm.token_ids(t)[1]])
+    changed_kv = 0
+    for key in before:
+        if key == emb:
+            continue
+        diff = (
+            (before[key] != after[key]).reshape(before[key].shape[0], -1).any(1) if before[key].ndim else None
+        )
+        name = key.removeprefix("unet.").removesuffix(".weight")
+        if key.startswith("unet.") and name in allowed:
+            rows = set(torch.nonzero(diff).flatten().tolist())
+            assert rows <= set(allowed[name].tolist()), key
+            changed_kv += len(rows)
+        else:
+            assert diff is None or not bool(diff.any()), key
+    assert changed_kv > 0
+    # the sample grid: SDEdit samples in latent space, decoded through the VAE to pixels
+    samples = load_file(str(cli.run_dir / CONCEPT_SAMPLES_FILE))
+    assert sorted(samples) == sorted(
+        f"{kind}_{k}" for kind in ("ref", "base", "after", "final") for k in (0, 1)
+    )
+    for value in samples.values():
+        assert value.shape == (1, 3, 32, 32) and float(value.abs().max()) <= 1.0
+    assert not torch.equal(samples["base_0"], samples["final_0"])
