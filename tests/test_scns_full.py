@@ -200,6 +200,7 @@ def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
             "--model.init_args.lr_token=0.05",
             "--model.init_args.samples_per_concept=1",
             "--model.init_args.sample_steps=3",
+            "--model.init_args.eval_batch=2",  # held-out forwards and probe / Fisher backwards in chunks of 2
             f"--data.init_args.data_root={root}",
             "--data.init_args.num_concepts=2",
             "--data.init_args.image_size=32",
@@ -250,6 +251,17 @@ def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
         else:
             assert diff is None or not bool(diff.any()), key
     assert changed_kv > 0
+    # per-sample gradients in chunks of eval_batch equal those of one backward
+    x0 = model.to_x0(dm.task_images(0))[torch.tensor([0, 1, 0, 1])]
+    taus, noise = (
+        torch.tensor([100, 300, 500, 700]),
+        torch.randn(x0.shape, generator=torch.Generator().manual_seed(0)),
+    )
+    chunked = model.row_grads(x0, dm.concept_prompt(0), taus, noise)
+    model.hparams.eval_batch = 4
+    whole = model.row_grads(x0, dm.concept_prompt(0), taus, noise)
+    for name in model.gs.modules:
+        torch.testing.assert_close(chunked[name], whole[name], rtol=1e-4, atol=1e-6)
     # the sample grid: SDEdit samples in latent space, decoded through the VAE to pixels
     samples = load_file(str(cli.run_dir / CONCEPT_SAMPLES_FILE))
     assert sorted(samples) == sorted(

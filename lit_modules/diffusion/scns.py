@@ -162,20 +162,31 @@ class SCNS(ContinualNeuronTuning):
         return self.omega.clone()
 
     # ---- steps 1-3 --------------------------------------------------------------------------------
+    def row_grads(self, x0: Tensor, prompt: str, taus: Tensor, noise: Tensor) -> dict[str, Tensor]:
+        """Per-sample K/V weight gradients of the ε-loss of each (x0, τ, ε) under ``prompt``: one backward per
+        ``eval_batch`` samples (one in all at the quick scale; bounds the activations at the full scale)."""
+        step = self.hparams.eval_batch
+        parts = [
+            per_sample_row_grads(
+                self.model.unet,
+                self.gs,
+                lambda sl=slice(i, i + step): self.task_losses(x0[sl], prompt, taus[sl], noise[sl]),
+            )
+            for i in range(0, len(x0), step)
+        ]
+        self.model.zero_grad(set_to_none=True)
+        return {name: torch.cat([part[name] for part in parts]) for name in self.gs.modules}
+
     def probe_saliency(self, t: int, dm) -> Tensor:
-        """(M, N) saliency of every neuron on the task's M probes (one backward of the M probes)."""
+        """(M, N) saliency of every neuron on the task's M probes (on the CPU: selection runs there)."""
         m = self.sel.num_probes
         x = self.to_x0(dm.task_images(t))
         x0 = x[torch.arange(m) % len(x)]
         taus = torch.tensor([self.sel.probe_t0 + self.sel.probe_dt * i for i in range(m)])
         gen = torch.Generator().manual_seed(self.hparams.select_seed * 1_000 + t)
         noise = torch.randn(x0.shape, generator=gen)
-        prompt = dm.concept_prompt(t)
-        grads = per_sample_row_grads(
-            self.model.unet, self.gs, lambda: self.task_losses(x0, prompt, taus, noise)
-        )
-        self.model.zero_grad(set_to_none=True)
-        return row_saliency(self.model.unet, self.gs, grads)
+        grads = self.row_grads(x0, dm.concept_prompt(t), taus, noise)
+        return row_saliency(self.model.unet, self.gs, grads).cpu()
 
     @torch.no_grad()
     def general_set(self, dm) -> Tensor:
@@ -186,7 +197,7 @@ class SCNS(ContinualNeuronTuning):
         for name in self.gs.modules:
             w = self.model.unet.get_submodule(name).weight
             a = (h @ w.T).abs()  # (R, L, d_out)
-            acts.append((a * keep).sum(1) / keep.sum(1))
+            acts.append(((a * keep).sum(1) / keep.sum(1)).cpu())
         return general_neurons(acts, self.sel.general_q)
 
     def candidates(self, w: Tensor, general: Tensor) -> Tensor:
@@ -244,12 +255,8 @@ class SCNS(ContinualNeuronTuning):
         x0 = x[torch.arange(m) % len(x)]
         taus = torch.randint(0, self.num_train_timesteps, (m,), generator=gen)
         noise = torch.randn(x0.shape, generator=gen)
-        prompt = dm.concept_prompt(t)
-        grads = per_sample_row_grads(
-            self.model.unet, self.gs, lambda: self.task_losses(x0, prompt, taus, noise)
-        )
-        self.model.zero_grad(set_to_none=True)
-        return neuron_fisher(self.gs, diag_empirical_fisher(grads))
+        grads = self.row_grads(x0, dm.concept_prompt(t), taus, noise)
+        return neuron_fisher(self.gs, diag_empirical_fisher(grads)).cpu()
 
     def after_merge(self, t: int, dm) -> None:
         self.omega = accumulate_risk(self.omega, self.task_fisher(t, dm), self.sel.fisher_norm)
