@@ -42,6 +42,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -372,6 +373,16 @@ class ContinualConceptDataModule(L.LightningDataModule):
             self._heldout.append(images[held])
             self._captions.append(prompts)
             self.caption_sources.append(sources.pop() if len(sources) == 1 else "mixed")
+            fallback = repr(self.concept_prompt(t))
+            said = {
+                "captions": "caption files",
+                "prompt": fallback,
+                "mixed": f"caption files, else {fallback}",
+            }
+            rank_zero_info(
+                f"concept {t} {name!r} (class word {self.class_words[t]!r}, token <V{t}>): {len(train)} training "
+                f"images, {len(held)} held out; prompts from {said[self.caption_sources[t]]}"
+            )
 
     def caption_prompt(self, t: int, caption: str) -> str:
         """``<V_t>`` put before the first occurrence of the class word in ``caption`` (whole words, any case),
