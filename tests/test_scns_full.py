@@ -198,7 +198,7 @@ def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
             "--model.init_args.select.top_p=64",
             "--model.init_args.lr_rows=0.05",
             "--model.init_args.lr_token=0.05",
-            "--model.init_args.samples_per_concept=1",
+            "--model.init_args.samples_per_concept=2",  # 1 held-out image: taken twice
             "--model.init_args.sample_steps=3",
             "--model.init_args.eval_batch=2",  # held-out forwards and probe / Fisher backwards in chunks of 2
             f"--data.init_args.data_root={root}",
@@ -268,5 +268,7 @@ def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
         f"{kind}_{k}" for kind in ("ref", "base", "after", "final") for k in (0, 1)
     )
     for value in samples.values():
-        assert value.shape == (1, 3, 32, 32) and float(value.abs().max()) <= 1.0
+        assert value.shape == (2, 3, 32, 32) and float(value.abs().max()) <= 1.0
     assert not torch.equal(samples["base_0"], samples["final_0"])
+    assert torch.equal(samples["ref_0"][0], samples["ref_0"][1])  # one image, two noises
+    assert not torch.equal(samples["final_0"][0], samples["final_0"][1])

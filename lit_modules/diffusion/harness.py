@@ -174,9 +174,11 @@ class ContinualNeuronTuning(L.LightningModule):
         return float(ddpm_losses(self.model.unet, self.scheduler, x0, self.encode(ids), t, noise).mean())
 
     def sample_inputs(self, dm, k: int) -> Tensor:
-        """Concept k's first ``samples_per_concept`` held-out renders (distinct images of its held-out grid)."""
+        """Concept k's first ``samples_per_concept`` held-out images (distinct images of its held-out grid; taken
+        again in turn when a concept folder holds out fewer, each then with its own noise)."""
         x, ts, _ = dm.heldout(k)
-        return x[ts == ts[0]][: self.hparams.samples_per_concept]
+        x = x[ts == ts[0]]
+        return x[torch.arange(self.hparams.samples_per_concept) % len(x)]
 
     @torch.no_grad()
     def sample_concepts(self, dm, concepts: list[int], prompts: list[str]) -> list[Tensor]:
