@@ -23,11 +23,12 @@ one's images are resized (shorter side, bicubic) and centre-cropped to ``image_s
 is ``class_words[t]`` (default: the folder name without trailing digits, ``_`` read as a space: "duck_toy" ->
 "duck toy"). Prompts: an image's caption file, with ``<V_t>`` put before the first occurrence of the class word
 (or "a <V_t> {class word}, " before the caption when the caption does not name it); without a caption file the
-prompt is "a <V_t> {class word}" (``caption_sources[t]`` says which: "captions", "prompt" or "mixed"). Held-out
-loss, samples and base preservation use "a <V_t> {class word}" / "a {class word}"; the general-neuron calibration
-prompts are templates over the class words. The folder world has no base world to pre-train on: it runs on a
-pretrained checkpoint, whose tokenizer the harness hands over with ``use_tokenizer`` (the captions and token rows
-are that tokenizer's).
+prompt is "a <V_t> {class word}" (``caption_sources[t]`` says which: "captions", "prompt" or "mixed"; one log
+line per concept says it too). The held-out loss and the samples use "a <V_t> {class word}"; base preservation is
+every concept's held-out images under "a {class word}" [R]; the general-neuron calibration prompts are templates
+over the class words. ``images_per_concept`` and ``heldout_per_concept`` apply to the procedural world only. The
+folder world has no base world to pre-train on: it runs on a pretrained checkpoint, whose tokenizer the harness
+hands over with ``use_tokenizer`` (the captions and token rows are that tokenizer's).
 
 Task ``t`` owns epoch ``t`` of one fit (one epoch = ``steps_per_task`` batches); the harness reads the task of the
 current epoch through ``task_of_epoch``.
