@@ -167,6 +167,31 @@ def test_concept_folder_errors_name_the_concept(tmp_path):
         ContinualConceptDataModule(data_root=str(root), num_concepts=1)
 
 
+def full_config_args(tmp_path: Path, sd: Path, root: Path, epochs: int, extra: list[str]) -> list[str]:
+    """``litlab fit --config configs/scns/full.yaml`` on the CPU, with the tiny checkpoint and concept folder."""
+    return [
+        "fit",
+        f"--config={ROOT / 'configs/scns/full.yaml'}",
+        f"--runs_dir={tmp_path / 'runs'}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.accelerator=cpu",
+        "--trainer.precision=32",
+        f"--trainer.max_epochs={epochs}",
+        f"--model.init_args.pretrained_path={sd}",
+        "--model.init_args.select.num_probes=4",
+        "--model.init_args.select.fisher_samples=4",
+        "--model.init_args.select.top_p=64",
+        "--model.init_args.lr_rows=0.05",
+        "--model.init_args.lr_token=0.05",
+        f"--data.init_args.data_root={root}",
+        "--data.init_args.num_concepts=2",
+        "--data.init_args.image_size=32",
+        "--data.init_args.steps_per_task=2",
+        "--data.init_args.eval_timesteps=[100,500]",
+        *extra,
+    ]
+
+
 def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
     """``litlab fit --config configs/scns/full.yaml`` on the tiny checkpoint and a two-concept folder: the selection
     runs on the latent loop, only selected K/V rows and the token rows change (the config's FrozenParamGuard and a
@@ -184,29 +209,17 @@ def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
         tmp_path / "cifc", {"dog": ["a dog on the grass", "a photo of a dog", None], "duck_toy": [None] * 3}
     )
     cli = LitlabCLI(
-        args=[
-            "fit",
-            f"--config={ROOT / 'configs/scns/full.yaml'}",
-            f"--runs_dir={tmp_path / 'runs'}",
-            "--trainer.enable_progress_bar=false",
-            "--trainer.accelerator=cpu",
-            "--trainer.precision=32",
-            "--trainer.max_epochs=2",
-            f"--model.init_args.pretrained_path={sd}",
-            "--model.init_args.select.num_probes=4",
-            "--model.init_args.select.fisher_samples=4",
-            "--model.init_args.select.top_p=64",
-            "--model.init_args.lr_rows=0.05",
-            "--model.init_args.lr_token=0.05",
-            "--model.init_args.samples_per_concept=2",  # 1 held-out image: taken twice
-            "--model.init_args.sample_steps=3",
-            "--model.init_args.eval_batch=2",  # held-out forwards and probe / Fisher backwards in chunks of 2
-            f"--data.init_args.data_root={root}",
-            "--data.init_args.num_concepts=2",
-            "--data.init_args.image_size=32",
-            "--data.init_args.steps_per_task=2",
-            "--data.init_args.eval_timesteps=[100,500]",
-        ]
+        args=full_config_args(
+            tmp_path,
+            sd,
+            root,
+            epochs=2,
+            extra=[
+                "--model.init_args.samples_per_concept=2",  # 1 held-out image: taken twice
+                "--model.init_args.sample_steps=3",
+                "--model.init_args.eval_batch=2",  # held-out forwards and probe / Fisher backwards in chunks of 2
+            ],
+        )
     )
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
     assert trainer.state.finished and trainer.global_step == 4
@@ -272,3 +285,29 @@ def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
     assert not torch.equal(samples["base_0"], samples["final_0"])
     assert torch.equal(samples["ref_0"][0], samples["ref_0"][1])  # one image, two noises
     assert not torch.equal(samples["final_0"][0], samples["final_0"][1])
+
+
+def test_full_config_resumes_with_the_grown_embedding(tmp_path, monkeypatch):
+    """A checkpoint of the latent loop holds the embedding grown by the concept tokens: a fit resumed from the
+    end of task 1 adds the tokens again before the weights load, keeps task 1's selection and runs task 2."""
+    from litlab.cli import LitlabCLI
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    sd = write_tiny_sd(tmp_path / "tiny-sd")
+    root = write_concepts(tmp_path / "cifc", {"dog": ["a dog", None, None], "duck_toy": [None] * 3})
+    extra = ["--model.init_args.samples_per_concept=0", "--experiment=resume"]
+    first = LitlabCLI(args=full_config_args(tmp_path, sd, root, epochs=1, extra=extra))
+    ckpt = first.run_dir / "checkpoints" / "last.ckpt"
+    assert len(first.model.selections) == 1 and ckpt.exists()
+    resumed = LitlabCLI(
+        args=full_config_args(tmp_path, sd, root, epochs=2, extra=[*extra, f"--ckpt_path={ckpt}"])
+    )
+    model = resumed.model
+    assert resumed.trainer.global_step == 4 and len(model.selections) == 2
+    assert model.selections[0] == first.model.selections[0]
+    emb = model.model.text_encoder.get_input_embeddings().weight
+    first_emb = first.model.model.text_encoder.get_input_embeddings().weight
+    assert emb.shape == first_emb.shape
+    row0 = resumed.datamodule.token_ids(0)[0]
+    assert torch.equal(emb[row0], first_emb[row0])  # task 1's token row came back from the checkpoint
