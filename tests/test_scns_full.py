@@ -217,6 +217,7 @@ def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
             extra=[
                 "--model.init_args.samples_per_concept=2",  # 1 held-out image: taken twice
                 "--model.init_args.sample_steps=3",
+                "--model.init_args.sample_guidance=7.5",
                 "--model.init_args.eval_batch=2",  # held-out forwards and probe / Fisher backwards in chunks of 2
             ],
         )
@@ -284,6 +285,11 @@ def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
         assert value.shape == (2, 3, 32, 32) and float(value.abs().max()) <= 1.0
     assert not torch.equal(samples["base_0"], samples["final_0"])
     assert torch.equal(samples["ref_0"][0], samples["ref_0"][1])  # one image, two noises
+    # classifier-free guidance against the empty prompt (7.5 here) changes the samples; w = 1 is the plain DDIM
+    guided = model.sample_concepts(dm, [0], [dm.concept_prompt(0)])[0]
+    torch.testing.assert_close(guided, samples["final_0"], atol=1e-5, rtol=0)
+    model.hparams.sample_guidance = 1.0
+    assert not torch.allclose(model.sample_concepts(dm, [0], [dm.concept_prompt(0)])[0], guided, atol=1e-4)
     assert not torch.equal(samples["final_0"][0], samples["final_0"][1])
 
 

@@ -89,6 +89,8 @@ def ddim_sample(
     init: Tensor | None = None,
     t_start: int | None = None,
     clamp: bool = True,
+    uncond: Tensor | None = None,
+    guidance: float = 1.0,
 ) -> Tensor:
     """Deterministic DDIM samples (η = 0; Song et al. 2021, "Denoising Diffusion Implicit Models", arXiv
     2010.02502, eq. 12) under text states ``cond`` (B, L, d), on diffusers' ``DDIMScheduler`` built from the
@@ -96,7 +98,9 @@ def ddim_sample(
     is trained without an empty prompt). From pure ``noise`` (B, C, H, W), or, with ``init`` and ``t_start``,
     SDEdit-style (Meng et al. 2021, arXiv 2108.01073, §3): ``init`` noised to ``t_start`` with ``noise`` by the
     scheduler's ``add_noise``, then the grid's steps at or below ``t_start``. Uses no global random state.
-    ``clamp``: clip the result to [-1, 1] (pixel space; latents are decoded unclipped)."""
+    ``clamp``: clip the result to [-1, 1] (pixel space; latents are decoded unclipped). With ``uncond`` (text
+    states of the empty prompt, (B, L, d)) and ``guidance`` w != 1: classifier-free guidance (Ho & Salimans 2022,
+    arXiv 2207.12598), ε = ε(∅) + w (ε(c) − ε(∅))."""
     if steps < 1:
         raise ValueError(f"sample steps must be >= 1, got {steps}")
     (DDIMScheduler,) = diffusers_classes("DDIMScheduler")
@@ -112,8 +116,14 @@ def ddim_sample(
             )
         x = ddpm_scheduler.add_noise(init, noise, torch.full((len(init),), t_start, dtype=torch.long))
         timesteps = timesteps[timesteps <= t_start]
+    guided = uncond is not None and guidance != 1.0
     for t in timesteps:
-        eps = unet(x, t, encoder_hidden_states=cond).sample
+        if guided:
+            both = unet(torch.cat([x, x]), t, encoder_hidden_states=torch.cat([uncond, cond])).sample
+            eps_u, eps_c = both.chunk(2)
+            eps = eps_u + guidance * (eps_c - eps_u)
+        else:
+            eps = unet(x, t, encoder_hidden_states=cond).sample
         x = scheduler.step(eps, t, x, eta=0.0).prev_sample
     return x.clamp(-1.0, 1.0) if clamp else x
 

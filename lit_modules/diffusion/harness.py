@@ -30,7 +30,9 @@ held-out renders, noised with one fixed noise per k — from the base under the 
 after task k and after the last task under "a <V_k> {class}" — and those renders themselves, written to
 ``concept_samples.safetensors`` in the run folder after the last task. ``sample_t_start = 0`` samples from pure
 noise instead (the 150-step quick base cannot: its one-step x̂0 is noise from τ ≈ 500 up, measured on seed 0).
-They use their own generator, so the stream's numbers are the same with and without them.
+They use their own generator, so the stream's numbers are the same with and without them. ``sample_guidance``
+w != 1 samples with classifier-free guidance against the empty prompt (full scale: SD1.5 was trained with it; the
+quick-scale base was not, so its default is 1: no guidance).
 
 Two bases, one loop: without ``pretrained_path`` the quick-scale ``ddpm.TinyT2I`` (pixel space, fixed word-level
 vocabulary, pre-trained here on the DataModule's base world); with it, ``ddpm.LatentT2I`` loaded from a
@@ -86,6 +88,7 @@ class ContinualNeuronTuning(L.LightningModule):
         samples_per_concept: int = 0,
         sample_steps: int = 50,
         sample_t_start: int = 300,
+        sample_guidance: float = 1.0,
     ):
         super().__init__()
         if samples_per_concept < 0 or sample_steps < 1 or sample_t_start < 0:
@@ -193,6 +196,8 @@ class ContinualNeuronTuning(L.LightningModule):
             ]
         )
         ids = self.tokenize(prompts).repeat_interleave(n, dim=0)
+        guidance = self.hparams.sample_guidance
+        uncond = self.encode(self.tokenize([""] * len(ids))) if guidance != 1.0 else None
         x = ddim_sample(
             self.model.unet,
             self.scheduler,
@@ -202,6 +207,8 @@ class ContinualNeuronTuning(L.LightningModule):
             init=init if t0 else None,
             t_start=t0 or None,
             clamp=False,
+            uncond=uncond,
+            guidance=guidance,
         )
         return list(self.model.decode(x).cpu().split(n))
 

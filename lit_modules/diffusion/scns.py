@@ -134,6 +134,7 @@ class SCNS(ContinualNeuronTuning):
         samples_per_concept: int = 0,
         sample_steps: int = 50,
         sample_t_start: int = 300,
+        sample_guidance: float = 1.0,
     ):
         super().__init__(
             base,
@@ -148,6 +149,7 @@ class SCNS(ContinualNeuronTuning):
             samples_per_concept,
             sample_steps,
             sample_t_start,
+            sample_guidance,
         )
         self.save_hyperparameters()
         self.sel = select if isinstance(select, SelectionConfig) else SelectionConfig(**select)
