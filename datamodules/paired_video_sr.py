@@ -5,8 +5,14 @@ frames, 720×1280). Nothing is downloaded: a missing or empty folder stops the r
 (``DatasetUnavailableError`` naming the folder and the layout). Each training sample is a random clip (every
 clip not in ``exclude_clips``; REDS4 = 000, 011, 015, 020 is the usual test set), a random run of ``frames``
 consecutive frames and a random ``crop``; the LQ copy is made on the fly by ``synthetic_vsr.degrade`` (blur,
-area down ×``scale``, noise, 8-bit). Validation reads ``val_root`` (default: the excluded clips of ``root``),
-centre-cropped, with a fixed degradation seed.
+area down ×``scale``, noise, 8-bit; the quick scale's degradation, seeded per sample). Validation reads
+``val_root`` (default: the excluded clips of ``root``; the first ``val_max_clips`` of them when set), the first
+``frames`` frames, centre-cropped, with a fixed degradation seed.
+
+Contract (``lit_modules/diffusion/contract.VideoSRData``, as ``synthetic_vsr``): batches ``(HQ, LQ)``, HQ
+``(B, 3, frames, crop_h, crop_w)`` and LQ ``(B, 3, frames, crop_h/scale, crop_w/scale)``, both in [-1, 1] (the loop
+maps frames to [0, 1] for its metrics). Frames are cropped as they are read. A clip with fewer than ``frames``
+frames is skipped; a clip whose frames are smaller than ``crop`` stops the run at once, naming it.
 """
 
 from __future__ import annotations
@@ -50,13 +56,37 @@ def list_clips(
     return clips
 
 
-def read_frames(paths: list[Path]) -> Tensor:
-    """(3, F, H, W) in [-1, 1]."""
+def read_frames(paths: list[Path], box: tuple[int, int, int, int] | None = None) -> Tensor:
+    """(3, F, H, W) in [-1, 1]; ``box`` = (left, top, right, bottom) crops each frame as it is read."""
     import numpy as np
     from PIL import Image
 
-    arr = np.stack([np.asarray(Image.open(p).convert("RGB")) for p in paths])  # (F, H, W, 3)
+    def load(p: Path):
+        with Image.open(p) as img:
+            img = img.convert("RGB")
+            return np.asarray(img if box is None else img.crop(box))
+
+    arr = np.stack([load(p) for p in paths])  # (F, H, W, 3)
     return torch.from_numpy(arr).permute(3, 0, 1, 2).float() / 127.5 - 1
+
+
+def frame_size(path: Path) -> tuple[int, int]:
+    """(H, W) of a frame, from its header."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return img.height, img.width
+
+
+def check_crop(clips: dict[str, list[Path]], crop: tuple[int, int], frames: int) -> None:
+    """Every clip long enough to be served must hold the crop (its first frame's size is checked)."""
+    ch, cw = crop
+    for name, paths in clips.items():
+        if len(paths) < frames:
+            continue
+        h, w = frame_size(paths[0])
+        if h < ch or w < cw:
+            raise ValueError(f"clip {name} ({paths[0].parent}) is {h}x{w}, smaller than crop {ch}x{cw}")
 
 
 class _Clips(Dataset):
@@ -89,9 +119,8 @@ class _Clips(Dataset):
             else self.items[i]
         )
         start = int(torch.randint(len(paths) - self.frames + 1, (1,), generator=gen)) if self.train else 0
-        clip = read_frames(paths[start : start + self.frames])
         ch, cw = self.crop
-        _, _, h, w = clip.shape
+        h, w = frame_size(paths[start])
         if h < ch or w < cw:
             raise ValueError(f"clip {name} is {h}x{w}, smaller than crop {ch}x{cw}")
         if self.train:
@@ -99,7 +128,7 @@ class _Clips(Dataset):
             left = int(torch.randint(w - cw + 1, (1,), generator=gen))
         else:
             top, left = (h - ch) // 2, (w - cw) // 2
-        hq = clip[:, :, top : top + ch, left : left + cw]
+        hq = read_frames(paths[start : start + self.frames], (left, top, left + cw, top + ch))
         lq = degrade(hq[None], self.scale, gen, self.blur_sigma, self.noise_std)[0]
         return hq, lq
 
@@ -121,14 +150,23 @@ class PairedVideoSRDataModule(L.LightningDataModule):
         noise_std: float = 0.02,
         num_workers: int = 4,
         data_seed: int = 0,
+        val_max_clips: int | None = None,
     ):
         super().__init__()
         if root is None:
             raise DatasetUnavailableError(f"data.init_args.root is not set; expected {REDS_LAYOUT}")
         if crop[0] % scale or crop[1] % scale:
             raise ValueError(f"crop {tuple(crop)} must be a multiple of scale={scale}")
+        if frames < 2:
+            raise ValueError(f"frames must be >= 2 (the temporal metrics compare neighbours), got {frames}")
+        if val_max_clips is not None and val_max_clips < 1:
+            raise ValueError(f"val_max_clips must be >= 1 or null, got {val_max_clips}")
         self.train_clips = list_clips(root, exclude=list(exclude_clips))
         self.val_clips = list_clips(val_root) if val_root else list_clips(root, only=list(exclude_clips))
+        if val_max_clips is not None:
+            self.val_clips = dict(list(self.val_clips.items())[:val_max_clips])
+        check_crop(self.train_clips, tuple(crop), frames)
+        check_crop(self.val_clips, tuple(crop), frames)
         self.frames, self.crop, self.scale = frames, tuple(crop), scale
         self.hq_size = min(self.crop)
         self.batch_size, self.steps, self.num_workers = batch_size, steps, num_workers

@@ -10,6 +10,9 @@
 * ``load_wan(model_id)``: the full-scale transformer, VAE, text encoder, tokenizer and flow scheduler of a
   diffusers Wan checkpoint (``Wan-AI/Wan2.1-T2V-1.3B-Diffusers``), from a folder or the local cache; offline
   without it, ``ModelUnavailableError`` names it at once.
+* ``WanLatentBackbone``: the full-scale backbone of the same loop: the frozen transformer on AutoencoderKLWan
+  latents (encode / decode with the VAE config's ``latents_mean`` / ``latents_std``, as diffusers' Wan pipelines)
+  and the empty-prompt umT5 embedding, computed once when it is built; the text encoder is not kept.
 * ``wan_1_3b_config()``: the 1.3B transformer's config (30 blocks, width 1536, 12 heads × 128, FFN 8960); built
   on the meta device it has 1,418,996,800 parameters, the reference of the full-scale trainable fraction.
 """
@@ -100,6 +103,16 @@ class TinyDiT(nn.Module):
         text = self.text(len(x)) if text is None else text
         return self.transformer(x, sigma * 1000.0, text, return_dict=False)[0]
 
+    # pixel space: the "VAE" is the identity (the same tensors come back, so the quick loop is unchanged)
+    def encode(self, clip: Tensor) -> Tensor:
+        return clip
+
+    def decode(self, z: Tensor) -> Tensor:
+        return z
+
+    def latent_shape(self, clip_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(clip_shape)
+
 
 def pretrain_flow(model: TinyDiT, cfg: TinyDiTConfig, dm: Any, seed: int) -> None:
     """``cfg.pretrain_steps`` AdamW steps of the velocity MSE on ``dm.pretrain_batch`` HQ clips."""
@@ -154,3 +167,113 @@ def load_wan(model_id: str, revision: str | None = None) -> dict[str, Any]:
             "scheduler": FlowMatchEulerDiscreteScheduler.from_pretrained,
         },
     )
+
+
+@torch.no_grad()
+def prompt_embedding(
+    text_encoder: nn.Module, tokenizer: Any, prompt: str, max_sequence_length: int
+) -> Tensor:
+    """(1, L, d) embedding of ``prompt`` as diffusers' ``WanPipeline._get_t5_prompt_embeds``: padded to
+    ``max_sequence_length``, the positions after the prompt's own tokens (for ``""``: after its end token) set
+    to 0."""
+    enc = tokenizer(
+        [prompt],
+        padding="max_length",
+        max_length=max_sequence_length,
+        truncation=True,
+        add_special_tokens=True,
+        return_attention_mask=True,
+        return_tensors="pt",
+    )
+    device = next(text_encoder.parameters()).device
+    hidden = text_encoder(enc.input_ids.to(device), enc.attention_mask.to(device)).last_hidden_state
+    keep = enc.attention_mask.to(device).bool()[..., None]
+    return torch.where(keep, hidden, torch.zeros_like(hidden)).float().cpu()
+
+
+class WanLatentBackbone(nn.Module):
+    """The frozen full-scale backbone in the latent space of its VAE (LiteVSR spec §3.1, §3.7).
+
+    ``transformer`` (``WanTransformer3DModel``) and ``vae`` (``AutoencoderKLWan``) are submodules (the loop
+    freezes and guards them); the fixed text conditioning is ``prompt`` (default ``""``) through the checkpoint's
+    umT5 encoder and tokenizer, computed once here (diffusers' Wan pipelines: up to 512 tokens) and kept as a
+    buffer; the text encoder itself is not kept. Latents: ``z = (mode(E(x)) − latents_mean) / latents_std`` per
+    channel, from the VAE's config (diffusers' ``WanVideoToVideoPipeline.prepare_latents`` with
+    ``sample_mode="argmax"``; decoding inverts it, ``WanPipeline.__call__``). Clips have ``1 + 4k`` frames
+    (the VAE encodes the first frame, then chunks of 4) and sides divisible by the VAE's spatial factor times the
+    transformer's patch; the latent channels and patch size are the loaded configs' (16 and (1, 2, 2) for Wan2.1).
+    """
+
+    def __init__(self, parts: dict[str, Any], prompt: str = "", max_sequence_length: int = 512):
+        super().__init__()
+        self.transformer = parts["transformer"]
+        self.vae = parts["vae"]
+        t_cfg, v_cfg = self.transformer.config, self.vae.config
+        z_dim = int(v_cfg.z_dim)
+        if int(t_cfg.in_channels) != z_dim or int(t_cfg.out_channels) != z_dim:
+            raise ValueError(
+                f"the transformer takes {t_cfg.in_channels} channels and returns {t_cfg.out_channels}; the VAE's "
+                f"latents have {z_dim}"
+            )
+        self.channels = z_dim
+        self.patch_size = tuple(int(p) for p in t_cfg.patch_size)
+        self.scale_t = int(v_cfg.scale_factor_temporal or 2 ** sum(v_cfg.temperal_downsample))
+        self.scale_s = int(v_cfg.scale_factor_spatial or 2 ** (len(v_cfg.dim_mult) - 1))
+        self.register_buffer(
+            "latents_mean",
+            torch.tensor(v_cfg.latents_mean, dtype=torch.float32).view(1, z_dim, 1, 1, 1),
+            False,
+        )
+        self.register_buffer(
+            "latents_std", torch.tensor(v_cfg.latents_std, dtype=torch.float32).view(1, z_dim, 1, 1, 1), False
+        )
+        tokenizer, text_encoder = parts["tokenizer"], parts["text_encoder"]
+        length = min(max_sequence_length, int(getattr(tokenizer, "model_max_length", max_sequence_length)))
+        embeds = prompt_embedding(text_encoder, tokenizer, prompt, length)
+        if embeds.shape[-1] != int(t_cfg.text_dim):
+            raise ValueError(
+                f"the text encoder's width {embeds.shape[-1]} is not the transformer's text_dim {t_cfg.text_dim}"
+            )
+        self.register_buffer("prompt_embeds", embeds, False)
+
+    @classmethod
+    def from_pretrained(
+        cls, model_id: str, revision: str | None = None, prompt: str = ""
+    ) -> WanLatentBackbone:
+        parts = load_wan(model_id, revision)
+        backbone = cls(parts, prompt)
+        parts.clear()  # the text encoder is freed with the dict (its embedding is cached in the backbone)
+        return backbone
+
+    def text(self, batch: int) -> Tensor:
+        return self.prompt_embeds.expand(batch, -1, -1)
+
+    def check_clip(self, clip_shape: tuple[int, ...]) -> None:
+        _, _, f, h, w = clip_shape
+        side = self.scale_s * self.patch_size[1]
+        if (f - 1) % self.scale_t or h % side or w % side:
+            raise ValueError(
+                f"a clip of {f} frames of {h}x{w} does not fit the Wan latent grid: frames must be 1 + "
+                f"{self.scale_t}k and height / width multiples of {side} (VAE x{self.scale_s} times patch "
+                f"{self.patch_size[1]})"
+            )
+
+    def latent_shape(self, clip_shape: tuple[int, ...]) -> tuple[int, ...]:
+        self.check_clip(clip_shape)
+        b, _, f, h, w = clip_shape
+        return (b, self.channels, 1 + (f - 1) // self.scale_t, h // self.scale_s, w // self.scale_s)
+
+    @torch.no_grad()
+    def encode(self, clip: Tensor) -> Tensor:
+        """(B, 3, F, H, W) in [-1, 1] -> normalised latents (B, z_dim, 1 + (F − 1)/4, H/8, W/8) (Wan2.1)."""
+        self.check_clip(tuple(clip.shape))
+        dtype = next(self.vae.parameters()).dtype
+        mu = self.vae.encode(clip.to(dtype)).latent_dist.mode()
+        return ((mu.float() - self.latents_mean) / self.latents_std).to(clip.dtype)
+
+    @torch.no_grad()
+    def decode(self, z: Tensor) -> Tensor:
+        """Normalised latents -> (B, 3, F, H, W) clips in [-1, 1]."""
+        dtype = next(self.vae.parameters()).dtype
+        video = self.vae.decode((z.float() * self.latents_std + self.latents_mean).to(dtype)).sample
+        return video.float().clamp(-1.0, 1.0)

@@ -8,7 +8,8 @@ reconstruction): the rectified-flow target ``eps − z0`` is the same at every n
 only a nearly time-invariant, LQ-derived injection pattern. Everything else is **reconstructed** [R].
 
 Algorithm (one training iteration; the loop is ``vsr.FrozenDiTVSR``, the adapter ``state_aware_adapter``):
-  1. z0 = Y, z_lq = Up_4(X) (bicubic; pixel space at the quick scale, Wan's VAE at full scale)
+  1. z0 = E(Y), z_lq = E(Up_4(X)) (bicubic; E = identity in pixel space at the quick scale, Wan's VAE latents
+     normalised by its latents_mean / latents_std at full scale)
   2. sigma = shift_k(sigmoid(u)), u ~ N(0, 1) (logit-normal + flow shift k = 3)                   [R: SD3 / Wan]
   3. x_sigma = (1 − sigma) z0 + sigma eps                                               (flow matching)
   4. S = StructStream(z_lq)                                                   (once per clip, §3.3.3)
@@ -112,7 +113,10 @@ class LiteVSR(FrozenDiTVSR):
         self.adapter_cfg = cfg
 
     def build_conditioner(self) -> Conditioner | None:
-        v, t, c = self.hparams.variant, self.transformer, self.backbone_cfg.channels
+        # channels and patch from the loaded transformer: 3 and (1, 4, 4) in pixel space at the quick scale,
+        # the VAE's 16 latent channels and (1, 2, 2) for Wan2.1
+        v, t = self.hparams.variant, self.transformer
+        c, patch = int(t.config.in_channels), tuple(int(p) for p in t.config.patch_size)
         if v == "bicubic":
             return None
         if v == "full_finetune":
@@ -125,7 +129,7 @@ class LiteVSR(FrozenDiTVSR):
             raise ValueError(
                 f"adapter.inject_layers {bad} are not blocks of the {len(t.blocks)}-block backbone"
             )
-        return AdapterHints(StateAwareAdapter(self.adapter_cfg, c, self.backbone_cfg.patch_size, dim), t)
+        return AdapterHints(StateAwareAdapter(self.adapter_cfg, c, patch, dim), t)
 
 
 def report(result, out_dir):

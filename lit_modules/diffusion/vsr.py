@@ -1,12 +1,14 @@
 """Video super-resolution on a frozen flow-matching video DiT: the loop every VSR method of the family shares.
 
 ``FrozenDiTVSR`` holds the frozen backbone (a diffusers ``WanTransformer3DModel``: ``dit.TinyDiT`` pre-trained
-here and cached per ``base_seed`` at the quick scale), the flow-matching objective (``flow_matching``), and one
+here and cached per ``base_seed`` at the quick scale, in pixel space; with ``pretrained_path``,
+``dit.WanLatentBackbone``: a diffusers Wan checkpoint's transformer on its AutoencoderKLWan latents, with the
+empty-prompt umT5 embedding computed once), the flow-matching objective (``flow_matching``), and one
 ``Conditioner``: the trainable part a method adds (an adapter that injects hints, a trainable copy, ...). It
 trains only ``conditioner.parameters()`` and evaluates every method the same way:
 
   training step (LiteVSR spec §3.5, arXiv 2606.09250 reconstruction):
-      z0 = Y, z_lq = Up_s(X) (bicubic; the VAE is the identity at the quick scale)
+      z0 = E(Y), z_lq = E(Up_s(X)) (bicubic; E = the VAE's normalised latents, the identity at the quick scale)
       sigma = shift(sigmoid(u)), u ~ N(0, 1);  eps ~ N(0, I);  x = (1 − sigma) z0 + sigma eps
       state = conditioner.prepare(z_lq)                                  (once per clip, with grad)
       x0_in = z_lq; with prob. p_sc (conditioners that self-condition, per step):
@@ -17,10 +19,12 @@ trains only ``conditioner.parameters()`` and evaluates every method the same way
       v = v(x, sigma_i; state, x0_in);  x0_in = x − sigma_i v;  x = scheduler.step(v, t_i, x)
 
 Validation runs once, after the last training step, on the held-out clips, for every K in ``val_steps`` with
-the same noise for every method (seeded by ``eval_seed`` and the batch): ``val/psnr_k{K}``, ``val/ssim_k{K}``
+the same noise for every method (seeded by ``eval_seed`` and the batch; latent-shaped at full scale), samples
+decoded to pixels (D, the identity at the quick scale): ``val/psnr_k{K}``, ``val/ssim_k{K}``
 (torchmetrics, frames in [0, 1], per-frame mean), ``val/tde_k{K}`` (``TemporalDifferenceError``),
 ``val/psnr_gap_k{K}_k1`` (``psnr_k{K} − psnr_k1`` of the same fit, when K = 1 is among the steps), the bicubic
-input's ``val/psnr_bicubic`` / ``ssim`` / ``tde`` and ``val/struct_attn_mass_k{K}_s{i}`` when the conditioner
+input's ``val/psnr_bicubic`` / ``ssim`` / ``tde`` (Up_s(X) in pixels; the ``bicubic`` variant's K rows are
+D(E(Up_s(X))), the VAE's round trip of it, at full scale) and ``val/struct_attn_mass_k{K}_s{i}`` when the conditioner
 has one. Two callbacks of the configs' ``trainer.callbacks`` add ``val/trainable_frac`` (``|phi| / |theta_DiT|``,
 ``TrainableFractionLogger("backbone.transformer")``), ``val/trainable_params`` and ``val/backbone_changed`` (the
 number of backbone tensors that are no longer bit-identical, ``FrozenParamGuard(["backbone"])``, which also makes
@@ -40,7 +44,7 @@ from torchmetrics import Metric
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
 from litlab.lit_modules.diffusion.contract import bicubic_up, check_vsr_data
-from litlab.lit_modules.diffusion.dit import TinyDiTConfig, pretrained_tiny_dit
+from litlab.lit_modules.diffusion.dit import TinyDiTConfig, WanLatentBackbone, pretrained_tiny_dit
 from litlab.lit_modules.diffusion.flow_matching import FlowMatchingObjective
 from litlab.lit_modules.diffusion.freeze import freeze_
 from litlab.lit_modules.diffusion.report import SAMPLES_FILE
@@ -140,28 +144,29 @@ class FrozenDiTVSR(L.LightningModule):
         self.ssim = nn.ModuleDict({k: StructuralSimilarityIndexMeasure(data_range=1.0) for k in keys})
         self.tde = nn.ModuleDict({k: TemporalDifferenceError() for k in keys})
         self._mass: dict[tuple[int, int], list[Tensor]] = defaultdict(list)
+        self._built = False
         if pretrained_path is not None:
-            from litlab.lit_modules.diffusion.dit import load_wan
-
-            load_wan(pretrained_path)  # stops at once offline, naming the checkpoint and its missing part
-            raise NotImplementedError(
-                f"{pretrained_path} is available, but the full-scale latent loop (AutoencoderKLWan latents, the "
-                "umT5 empty-prompt embedding, REDS crops) is not built yet; the quick scale runs the same method "
-                "on the tiny pixel-space WanTransformer3DModel"
-            )
+            # the full scale: loaded here, so an absent checkpoint stops the run at once, naming it and its part;
+            # ``backbone`` (the tiny config) is not used
+            self.backbone = freeze_(WanLatentBackbone.from_pretrained(pretrained_path))
 
     # ---- construction ---------------------------------------------------------------------------
     def build_conditioner(self) -> Conditioner | None:
         raise NotImplementedError
 
     def setup(self, stage: str) -> None:
-        if self.backbone is not None:
+        if self._built:
             return
         dm = self.trainer.datamodule
         check_vsr_data(dm, type(self).__qualname__)
         self.scale = int(dm.scale)
-        self.backbone = freeze_(pretrained_tiny_dit(self.backbone_cfg, dm, self.hparams.base_seed))
+        if self.backbone is None:
+            self.backbone = freeze_(pretrained_tiny_dit(self.backbone_cfg, dm, self.hparams.base_seed))
+        else:  # the latent grid: a clip of the data module's geometry must fit it (error names both)
+            crop = getattr(dm, "crop", (dm.hq_size, dm.hq_size))
+            self.backbone.check_clip((1, 3, int(dm.frames), *crop))
         self.conditioner = self.build_conditioner()
+        self._built = True
 
     @property
     def transformer(self) -> nn.Module:
@@ -196,7 +201,7 @@ class FrozenDiTVSR(L.LightningModule):
         if self.conditioner is None:
             return None  # bicubic: nothing to train
         hq, lq = batch
-        z0, z_lq = hq, bicubic_up(lq, self.scale)
+        z0, z_lq = self.backbone.encode(hq), self.backbone.encode(bicubic_up(lq, self.scale))
         sigma = self.objective.sample_sigma(len(z0)).to(z0)
         eps = torch.randn_like(z0)
         x = self.objective.noised(z0, eps, sigma)
@@ -221,7 +226,7 @@ class FrozenDiTVSR(L.LightningModule):
     # ---- sampling ----------------------------------------------------------------------------------
     @torch.no_grad()
     def sample(self, z_lq: Tensor, steps: int, eps: Tensor, masses: list | None = None) -> Tensor:
-        """§3.6: the SR clip (latent space = pixels at the quick scale) after ``steps`` Euler steps."""
+        """§3.6: the SR clip's latents (pixels at the quick scale) after ``steps`` Euler steps."""
         if self.conditioner is None:
             return z_lq
         state = self.conditioner.prepare(z_lq)
@@ -241,14 +246,15 @@ class FrozenDiTVSR(L.LightningModule):
 
     def validation_step(self, batch, batch_idx: int) -> None:
         hq, lq = batch
-        z_lq = bicubic_up(lq, self.scale)
+        up = bicubic_up(lq, self.scale)
+        z_lq = self.backbone.encode(up)
         gen = torch.Generator().manual_seed(self.hparams.eval_seed * 100_003 + batch_idx)
-        eps = torch.randn(hq.shape, generator=gen).to(hq)
+        eps = torch.randn(self.backbone.latent_shape(tuple(hq.shape)), generator=gen).to(hq)
         target = frames_01(hq)
-        outs = {"bicubic": z_lq}
+        outs = {"bicubic": up}
         for k in self.val_steps:
             masses: list[Tensor] = []
-            outs[f"k{k}"] = self.sample(z_lq, k, eps, masses)
+            outs[f"k{k}"] = self.backbone.decode(self.sample(z_lq, k, eps, masses))
             for i, m in enumerate(masses):
                 self._mass[(k, i)].append(m)
         if batch_idx == 0:
@@ -256,7 +262,7 @@ class FrozenDiTVSR(L.LightningModule):
             lq_nearest = torch.nn.functional.interpolate(
                 lq[:n].flatten(1, 2), scale_factor=self.scale, mode="nearest"
             ).unflatten(1, (lq.shape[1], lq.shape[2]))
-            self._samples = {"hq": hq[:n], "lq_nearest": lq_nearest, "bicubic": z_lq[:n]}
+            self._samples = {"hq": hq[:n], "lq_nearest": lq_nearest, "bicubic": up[:n]}
             self._samples.update(
                 {f"sr_{key}": sr[:n].clamp(-1, 1) for key, sr in outs.items() if key != "bicubic"}
             )

@@ -1,0 +1,215 @@
+"""LiteVSR's full-scale (latent) loop end to end without downloads: a tiny diffusers-layout Wan checkpoint
+(WanTransformer3DModel, AutoencoderKLWan, UMT5EncoderModel, a word-level tokenizer written here,
+FlowMatchEulerDiscreteScheduler, model_index.json) and a tiny REDS-style folder of PNG frames, fitted through
+``litlab fit --config configs/litevsr/full.yaml`` with small overrides. Wan2.1-T2V-1.3B itself is never loaded here;
+the offline failure of the real config is ``test_litevsr.test_full_config_fails_offline_naming_the_model``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT_LEN = 8  # max_sequence_length of the tiny text encoder (Wan: 512 tokens of umT5-xxl)
+
+
+def write_tiny_wan(folder: Path) -> Path:
+    """A diffusers-layout Wan checkpoint of about 190K parameters: 16 latent channels and ×4 temporal compression
+    as Wan's VAE, ×4 spatial (Wan: ×8), patch (1, 2, 2), 2 blocks, text width 16."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+
+    from litlab.lit_modules.diffusion.ddpm import diffusers_classes
+
+    AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel = diffusers_classes(
+        "AutoencoderKLWan", "FlowMatchEulerDiscreteScheduler", "WanTransformer3DModel"
+    )
+    torch.manual_seed(0)
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, "a": 3, "video": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=TEXT_LEN,
+    ).save_pretrained(folder / "tokenizer")
+    UMT5EncoderModel(
+        UMT5Config(
+            vocab_size=len(vocab),
+            d_model=16,
+            d_kv=8,
+            d_ff=32,
+            num_layers=1,
+            num_heads=2,
+            pad_token_id=0,
+            eos_token_id=1,
+            decoder_start_token_id=0,
+        )
+    ).save_pretrained(folder / "text_encoder")
+    WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=8,
+        in_channels=16,
+        out_channels=16,
+        text_dim=16,
+        freq_dim=16,
+        ffn_dim=32,
+        num_layers=2,
+        rope_max_seq_len=32,
+    ).save_pretrained(folder / "transformer")
+    AutoencoderKLWan(
+        base_dim=8,
+        z_dim=16,
+        dim_mult=[1, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[True, True],
+        scale_factor_temporal=4,
+        scale_factor_spatial=4,
+    ).save_pretrained(folder / "vae")
+    FlowMatchEulerDiscreteScheduler(shift=3.0).save_pretrained(folder / "scheduler")
+    (folder / "model_index.json").write_text(
+        json.dumps(
+            {
+                "_class_name": "WanPipeline",
+                "transformer": ["diffusers", "WanTransformer3DModel"],
+                "vae": ["diffusers", "AutoencoderKLWan"],
+                "text_encoder": ["transformers", "UMT5EncoderModel"],
+                "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+                "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+            }
+        )
+    )
+    return folder
+
+
+def write_reds(
+    root: Path, clips: tuple[str, ...] = ("000", "001", "002"), frames: int = 6, size=(40, 48)
+) -> Path:
+    """``<root>/<clip>/<frame:08d>.png``: a coloured square moving one pixel a frame over a gradient."""
+    import numpy as np
+    from PIL import Image
+
+    h, w = size
+    for c, name in enumerate(clips):
+        (root / name).mkdir(parents=True)
+        for i in range(frames):
+            img = np.zeros((h, w, 3), dtype=np.uint8)
+            img[..., 0] = np.linspace(30, 200, w, dtype=np.uint8)[None]
+            img[..., 1] = np.linspace(60, 160, h, dtype=np.uint8)[:, None]
+            img[..., 2] = 80 + 40 * c
+            img[8 + i : 20 + i, 10 + 2 * c : 22 + 2 * c] = (230, 40 + 60 * c, 30)
+            Image.fromarray(img).save(root / name / f"{i:08d}.png")
+    return root
+
+
+def full_config_args(tmp_path: Path, wan: Path, root: Path) -> list[str]:
+    """``litlab fit --config configs/litevsr/full.yaml`` on the CPU with the tiny checkpoint and REDS folder: 5-frame
+    32×32 crops (latents 2 × 8 × 8, 32 tokens), 2 training steps, validation on 1 clip with K = 1, 2."""
+    return [
+        "fit",
+        f"--config={ROOT / 'configs/litevsr/full.yaml'}",
+        f"--runs_dir={tmp_path / 'runs'}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.accelerator=cpu",
+        "--trainer.precision=32",
+        f"--model.init_args.pretrained_path={wan}",
+        "--model.init_args.adapter.width=16",
+        "--model.init_args.adapter.heads=2",
+        "--model.init_args.adapter.ffn_ratio=2.0",
+        "--model.init_args.adapter.n_struct=1",
+        "--model.init_args.adapter.n_refine=1",
+        "--model.init_args.adapter.n_fuse=1",
+        "--model.init_args.adapter.inject_layers=[0,1]",
+        "--model.init_args.adapter.freq_dim=16",
+        "--model.init_args.adapter.rope_max_seq_len=32",
+        "--model.init_args.val_steps=[1,2]",
+        "--model.init_args.lr=1e-3",
+        f"--data.init_args.root={root}",
+        "--data.init_args.frames=5",
+        "--data.init_args.crop=[32,32]",
+        "--data.init_args.steps=2",
+        "--data.init_args.num_workers=0",
+        '--data.init_args.exclude_clips=["000"]',
+        "--data.init_args.val_max_clips=1",
+    ]
+
+
+def test_wan_latent_backbone_encodes_as_the_wan_pipelines(tmp_path, monkeypatch):
+    """Latents normalised with the VAE config's latents_mean / latents_std (diffusers' Wan convention), decoded
+    back to the clip's geometry; the empty prompt's embedding zero after its end token; clear geometry errors."""
+    from litlab.lit_modules.diffusion.dit import WanLatentBackbone, load_wan
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    wan = write_tiny_wan(tmp_path / "tiny-wan")
+    parts = load_wan(str(wan))
+    vae = parts["vae"]
+    bb = WanLatentBackbone(parts)
+    assert bb.channels == 16 and bb.patch_size == (1, 2, 2) and (bb.scale_t, bb.scale_s) == (4, 4)
+    clip = torch.rand(2, 3, 5, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    z = bb.encode(clip)
+    assert z.shape == bb.latent_shape(tuple(clip.shape)) == (2, 16, 2, 8, 8)
+    mean = torch.tensor(vae.config.latents_mean).view(1, 16, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, 16, 1, 1, 1)
+    raw = vae.encode(clip).latent_dist.mode()
+    assert torch.allclose(z, (raw - mean) * (1.0 / std), atol=1e-5)
+    out = bb.decode(z)
+    assert out.shape == clip.shape and out.abs().max() <= 1
+    assert torch.allclose(out, vae.decode(raw).sample.clamp(-1, 1), atol=1e-5)
+    text = bb.text(3)
+    assert text.shape == (3, TEXT_LEN, 16)  # the tokenizer's 8 positions: "" -> </s> then padding
+    assert text[:, 0].abs().sum() > 0 and torch.equal(text[:, 1:], torch.zeros_like(text[:, 1:]))
+    with pytest.raises(ValueError, match="frames must be 1 \\+ 4k"):
+        bb.encode(clip[:, :, :4])
+    with pytest.raises(ValueError, match="multiples of 8"):
+        bb.encode(clip[..., :28])
+
+
+def test_full_config_fits_a_tiny_wan_layout_checkpoint(tmp_path, monkeypatch):
+    """``litlab fit --config configs/litevsr/full.yaml`` on the tiny checkpoint and a 3-clip REDS folder: the adapter
+    trains on VAE latents (16 channels, patch (1, 2, 2) from the loaded configs), the transformer and the VAE stay
+    bit-identical (the config's FrozenParamGuard), PSNR / SSIM / TDE are logged at every K and the frame grid's
+    clips are decoded to the crop's pixels."""
+    from safetensors.torch import load_file
+
+    from litlab.cli import LitlabCLI
+    from litlab.lit_modules.diffusion.dit import WanLatentBackbone
+    from litlab.lit_modules.diffusion.report import SAMPLES_FILE
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    wan = write_tiny_wan(tmp_path / "tiny-wan")
+    root = write_reds(tmp_path / "REDS")
+    cli = LitlabCLI(args=full_config_args(tmp_path, wan, root))
+    trainer, model = cli.trainer, cli.model
+    assert trainer.state.finished and trainer.global_step == 2
+    assert isinstance(model.backbone, WanLatentBackbone)
+    assert not hasattr(model.backbone, "text_encoder")  # used once for the empty prompt, not kept
+    assert model.conditioner.adapter.struct.embed.in_channels == 16
+    (guard,) = [c for c in trainer.callbacks if type(c).__name__ == "FrozenParamGuard"]
+    names = list(guard.before["backbone"])
+    assert any(n.startswith("backbone.transformer.") for n in names)
+    assert any(n.startswith("backbone.vae.") for n in names)
+    assert guard.changed(model) == {"backbone": []}
+    assert all(not p.requires_grad for p in model.backbone.parameters())
+    m = trainer.callback_metrics
+    for k in ("k1", "k2", "bicubic"):
+        for key in ("psnr", "ssim", "tde"):
+            assert torch.isfinite(m[f"val/{key}_{k}"]), (key, k)
+    assert torch.isfinite(m["val/psnr_gap_k2_k1"]) and float(m["val/backbone_changed"]) == 0
+    assert 0 < float(m["val/trainable_frac"])
+    # the adapter trained: its hint projections left zero
+    assert any(
+        p.abs().sum() > 0 for n, p in model.conditioner.named_parameters() if n.startswith("adapter.zero.")
+    )
+    samples = load_file(str(cli.run_dir / SAMPLES_FILE))
+    assert set(samples) == {"hq", "lq_nearest", "bicubic", "sr_k1", "sr_k2"}
+    assert all(v.shape == (1, 3, 5, 32, 32) for v in samples.values())
+    assert all(v.abs().max() <= 1 for v in samples.values())
