@@ -213,3 +213,15 @@ def test_full_config_fits_a_tiny_wan_layout_checkpoint(tmp_path, monkeypatch):
     assert set(samples) == {"hq", "lq_nearest", "bicubic", "sr_k1", "sr_k2"}
     assert all(v.shape == (1, 3, 5, 32, 32) for v in samples.values())
     assert all(v.abs().max() <= 1 for v in samples.values())
+    # checkpoints hold the trained tensors, not the frozen backbone (it is pretrained_path's); a strict load of
+    # one takes the backbone from the loaded model
+    ckpt = torch.load(cli.run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    keys = list(ckpt["state_dict"])
+    assert keys and not any(k.startswith("backbone.") for k in keys)
+    assert any(k.startswith("conditioner.adapter.zero.") for k in keys)
+    trained = {k: v.clone() for k, v in model.conditioner.state_dict().items()}
+    with torch.no_grad():
+        for p in model.conditioner.parameters():
+            p.zero_()
+    model.load_state_dict(ckpt["state_dict"])  # strict
+    assert all(torch.equal(v, model.conditioner.state_dict()[k]) for k, v in trained.items())

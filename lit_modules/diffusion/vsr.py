@@ -168,6 +168,24 @@ class FrozenDiTVSR(L.LightningModule):
         self.conditioner = self.build_conditioner()
         self._built = True
 
+    # ---- checkpoints: at full scale the frozen backbone is the checkpoint's (pretrained_path), not saved again ----
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.hparams.pretrained_path is not None:
+            state = checkpoint["state_dict"]
+            checkpoint["state_dict"] = {k: v for k, v in state.items() if not k.startswith("backbone.")}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """A full-scale checkpoint holds no backbone tensors: they are taken from the loaded backbone, so a strict
+        load still checks every trained tensor."""
+        if (
+            self.hparams.pretrained_path is not None
+            and self.backbone is not None
+            and not any(k.startswith("backbone.") for k in state_dict)
+        ):
+            frozen = {f"backbone.{k}": v for k, v in self.backbone.state_dict().items()}
+            state_dict = {**frozen, **state_dict}
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
     @property
     def transformer(self) -> nn.Module:
         return self.backbone.transformer
