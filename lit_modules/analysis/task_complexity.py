@@ -306,7 +306,7 @@ def _greedy_cached(
         new.append(nxt)
         if step + 1 == max_new or newline(torch.stack(new, 1)):
             break
-        out = model(input_ids=nxt[:, None], cache=out.past_key_values, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=nxt[:, None], cache=out.cache, use_cache=True, logits_to_keep=1)
     return torch.stack(new, 1)
 
 
@@ -329,7 +329,7 @@ def greedy_answers(
         by_len.setdefault(len(pre) + len(s), []).append(i)
     out = [""] * len(questions)
     cached = _has_kv_cache(model)
-    prefix_cache = model(input_ids=pre[None], use_cache=True).past_key_values if cached and len(pre) else None
+    prefix_cache = model(input_ids=pre[None], use_cache=True).cache if cached and len(pre) else None
 
     def newline(gen: Tensor) -> bool:
         return all("\n" in tokenizer.decode(row) for row in gen)
