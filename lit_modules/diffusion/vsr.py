@@ -29,6 +29,10 @@ has one. Two callbacks of the configs' ``trainer.callbacks`` add ``val/trainable
 ``TrainableFractionLogger("backbone.transformer")``), ``val/trainable_params`` and ``val/backbone_changed`` (the
 number of backbone tensors that are no longer bit-identical, ``FrozenParamGuard(["backbone"])``, which also makes
 the fit raise at its end if a backbone tensor changed, holds a .grad or is in the optimizer).
+At full scale (``pretrained_path``) the frozen transformer's blocks are recomputed in the backward pass
+(diffusers' ``enable_gradient_checkpointing``, non-reentrant; the hint hooks run inside the checkpointed call), the
+memory saving the spec's full-scale recipe assumes; the quick scale runs without it (no new option, so the quick
+card's run identities are unchanged).
 """
 
 from __future__ import annotations
@@ -165,6 +169,8 @@ class FrozenDiTVSR(L.LightningModule):
         else:  # the latent grid: a clip of the data module's geometry must fit it (error names both)
             crop = getattr(dm, "crop", (dm.hq_size, dm.hq_size))
             self.backbone.check_clip((1, 3, int(dm.frames), *crop))
+        if self.hparams.pretrained_path is not None:  # spec §3.5: frozen blocks recomputed in backward
+            self.transformer.enable_gradient_checkpointing()
         self.conditioner = self.build_conditioner()
         self._built = True
 
