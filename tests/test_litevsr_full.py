@@ -266,3 +266,30 @@ def test_gradient_checkpointing_gives_the_same_adapter_gradients(tmp_path, monke
     assert plain and set(plain) == set(recomputed)
     assert all(torch.allclose(plain[n], recomputed[n], atol=1e-6) for n in plain)
     assert all(p.grad is None for p in t.parameters())
+
+
+def test_reds_datamodule_serves_the_contract_and_names_bad_folders(tmp_path):
+    """HQ / LQ clips in [-1, 1] of the contract's shapes, seeded degradation, ``val_max_clips``; a crop larger than
+    a clip's frames and a folder without clips fail at construction, naming them."""
+    from litlab.datamodules.paired_video_sr import PairedVideoSRDataModule
+    from litlab.lit_modules.core.errors import DatasetUnavailableError
+    from litlab.lit_modules.diffusion.contract import check_vsr_data
+
+    root = write_reds(tmp_path / "REDS", clips=("000", "001", "002", "003"))
+    kw = dict(root=str(root), frames=5, crop=(32, 32), steps=3, num_workers=0, exclude_clips=["000", "001"])
+    dm = PairedVideoSRDataModule(**kw, val_max_clips=1)
+    check_vsr_data(dm, "test")
+    assert list(dm.val_clips) == ["000"] and list(dm.train_clips) == ["002", "003"]
+    (hq, lq), (hq2, lq2) = next(iter(dm.train_dataloader())), next(iter(dm.train_dataloader()))
+    assert hq.shape == (1, 3, 5, 32, 32) and lq.shape == (1, 3, 5, 8, 8)
+    assert hq.min() >= -1 and hq.max() <= 1 and lq.min() >= -1 and lq.max() <= 1
+    assert torch.equal(hq, hq2) and torch.equal(lq, lq2)  # seeded crops and degradation
+    (vhq, vlq), *rest = list(dm.val_dataloader())
+    assert not rest and vhq.shape == (1, 3, 5, 32, 32) and vlq.shape == (1, 3, 5, 8, 8)
+    with pytest.raises(ValueError, match="clip 002 .* smaller than crop 44x44"):
+        PairedVideoSRDataModule(**{**kw, "crop": (44, 44)})
+    with pytest.raises(ValueError, match="frames must be >= 2"):
+        PairedVideoSRDataModule(**{**kw, "frames": 1})
+    (tmp_path / "empty" / "000").mkdir(parents=True)
+    with pytest.raises(DatasetUnavailableError, match="holds no clip of PNG frames"):
+        PairedVideoSRDataModule(**{**kw, "root": str(tmp_path / "empty")})
