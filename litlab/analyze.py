@@ -68,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the CPT domain of each --tuned (one value: for all; default code; none: spectra only)",
     )
     d.add_argument("--general", default="text", choices=DOMAINS, help="the general domain (default text)")
+    d.add_argument(
+        "--tokenizer",
+        help="evaluate in this LM's tokens (smollm2, a Hugging Face id or folder); default: characters, which only "
+        "litlab's char-level models read (other models then get spectra and head ratios only)",
+    )
     d.add_argument("--criteria", nargs="+", default=list(D.CRITERIA), choices=D.CRITERIA)
     d.add_argument("--n-random", type=int, default=3)
     d.add_argument("--seed", type=int, default=0, help="seed of the random orderings")
@@ -140,6 +145,18 @@ def _char_vocab(model: torch.nn.Module) -> bool:
     return isinstance(head, torch.nn.Linear) and head.out_features == CharTokenizer().vocab_size
 
 
+def _reads_windows(model: torch.nn.Module, tokenizer: str | None) -> bool:
+    """Whether the evaluation windows (characters, or ``tokenizer``'s tokens) are valid input ids of ``model``."""
+    if tokenizer is None:
+        return _char_vocab(model)
+    from litlab.datamodules.domain_corpus import lm_tokenizer
+
+    size, rows = len(lm_tokenizer(tokenizer)), model.get_input_embeddings().num_embeddings
+    if size > rows:
+        raise ValueError(f"--tokenizer {tokenizer} has {size} tokens, more than the model's {rows} embedding rows")
+    return True
+
+
 def _fmt(v: float) -> str:
     return f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else str(v)
 
@@ -162,10 +179,10 @@ def diffract(args: argparse.Namespace) -> int:
         if set(state) != set(base_state) or any(state[k].shape != base_state[k].shape for k in state):
             raise ValueError(f"{src} and the base {args.base} do not have the same tensors and shapes")
         tuned_states.append((tuned, state, domain))
-        evaluate = domain != "none" and _char_vocab(tuned.model)
+        evaluate = domain != "none" and _reads_windows(tuned.model, args.tokenizer)
         block = min(args.block_size, getattr(tuned.model, "block_size", args.block_size))
-        dom = domain_eval_set(domain, block, args.windows) if evaluate else None
-        gen = domain_eval_set(args.general, block, args.windows) if evaluate else None
+        dom = domain_eval_set(domain, block, args.windows, args.tokenizer) if evaluate else None
+        gen = domain_eval_set(args.general, block, args.windows, args.tokenizer) if evaluate else None
         res = D.analyze_pair(tuned.model, base_state, state, base.n_heads, base.n_kv_heads, dom, gen, plan)
         folder = out / f"tuned{i}"
         D.write_figures(res, folder, f"{domain}")
@@ -177,17 +194,19 @@ def diffract(args: argparse.Namespace) -> int:
         lines.append("\n| quantity | value |\n|---|---|\n")
         lines += [f"| {k} | {_fmt(v)} |\n" for k, v in res["scalars"].items()]
         lines.append(f"\nfigures: {', '.join(p.name for p in sorted(folder.glob('*.png')))} in `{folder}`\n")
-    if len(tuned_states) >= 2 and all(d != "none" and _char_vocab(t.model) for t, _, d in tuned_states[:2]):
+    if len(tuned_states) >= 2 and all(
+        d != "none" and _reads_windows(t.model, args.tokenizer) for t, _, d in tuned_states[:2]
+    ):
         (ta, sa, da), (_, sb, db) = tuned_states[:2]
         alphas = [j / (args.alphas - 1) for j in range(args.alphas)]
         block = min(args.block_size, getattr(ta.model, "block_size", args.block_size))
         sets = {f"L_{da}": da, f"L_{db}": db, f"L_general({args.general})": args.general}
         curves = {}
         for name, dom in sets.items():
-            ev = D.evaluator(ta.model, domain_eval_set(dom, block, args.windows))
+            ev = D.evaluator(ta.model, domain_eval_set(dom, block, args.windows, args.tokenizer))
             curves[name] = [ev(D.interpolate(sa, sb, a)) for a in alphas]
         barriers = {k: D.barrier(alphas, v) for k, v in curves.items()}
-        base_curve = D.evaluator(ta.model, domain_eval_set(da, block, args.windows))
+        base_curve = D.evaluator(ta.model, domain_eval_set(da, block, args.windows, args.tokenizer))
         base_path = [base_curve(D.interpolate(base_state, sa, a)) for a in alphas]
         inter = {"alphas": alphas, "curves": curves, "barriers": barriers, "base_to_tuned0": base_path}
         results.append({"interpolation": inter})

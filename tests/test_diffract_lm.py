@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,36 @@ def test_two_cpt_steps_on_smollm2(tmp_path, monkeypatch):
     assert len(report["curves"]["rotation"]["scores"]) == 30 * 3  # 30 layers x 3 kv-groups
     s = report["scalars"]
     assert s["loss_tuned_domain"] < s["loss_base_domain"] and 0.0 <= s["rho_max"] <= 1.0
+
+
+def test_analyze_diffract_on_hf_folders_in_their_own_tokens(tmp_path, tokenizer_folder):
+    """``litlab analyze diffract`` on Hugging Face folders: with ``--tokenizer`` the losses are evaluated on the
+    same token windows as the CPT DataModule; without it, spectra and head ratios only (characters are not this
+    model's ids)."""
+    from litlab.__main__ import main
+    from litlab.lit_modules.analysis.contract import domain_eval_set
+
+    folders = {}
+    for name, scale in (("base", 0.0), ("a", 0.02), ("b", 0.03)):
+        model = _llama(320)
+        torch.manual_seed(len(name) + int(scale * 100))
+        with torch.no_grad():
+            for p in model.model.layers.parameters():
+                p.add_(scale * torch.randn_like(p))
+        folders[name] = tmp_path / name
+        model.save_pretrained(folders[name])
+    small = ["--criteria", "rotation", "random", "--n-random", "2", "--windows", "4", "--block-size", "16"]
+    argv = ["analyze", "diffract", "--base", str(folders["base"]), "--tuned", str(folders["a"])]
+    argv += ["--tuned", str(folders["b"]), "--domain", "math", "--alphas", "3", *small]
+    assert main([*argv, "--tokenizer", str(tokenizer_folder), "--out", str(tmp_path / "tok")]) == 0
+    res = json.loads((tmp_path / "tok" / "results.json").read_text())["results"]
+    s = res[0]["scalars"]
+    windows = domain_eval_set("math", 16, 4, str(tokenizer_folder))
+    base = transformers.LlamaForCausalLM.from_pretrained(folders["base"]).eval()
+    expected = D.evaluator(base, windows)({k: v.detach() for k, v in base.state_dict().items()})
+    assert s["loss_base_domain"] == pytest.approx(expected, rel=1e-5)
+    assert "G_vec" in s and "auc_rotation" in s and math.isfinite(s["auc_random"])
+    assert set(res[2]["interpolation"]["curves"]) == {"L_math", "L_general(text)"}
+    assert main([*argv, "--out", str(tmp_path / "chars")]) == 0  # no tokenizer: no loss evaluations
+    s = json.loads((tmp_path / "chars" / "results.json").read_text())["results"][0]["scalars"]
+    assert "loss_base_domain" not in s and "rW_mean" in s

