@@ -153,7 +153,9 @@ def _reads_windows(model: torch.nn.Module, tokenizer: str | None) -> bool:
 
     size, rows = len(lm_tokenizer(tokenizer)), model.get_input_embeddings().num_embeddings
     if size > rows:
-        raise ValueError(f"--tokenizer {tokenizer} has {size} tokens, more than the model's {rows} embedding rows")
+        raise ValueError(
+            f"--tokenizer {tokenizer} has {size} tokens, more than the model's {rows} embedding rows"
+        )
     return True
 
 
