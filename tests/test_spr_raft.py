@@ -287,7 +287,8 @@ def test_smollm2_grid_through_the_kv_cache_equals_full_sequences():
 
 
 def smol_fit(tmp_path, seed: int, steps: int = 20, **kw) -> dict[str, float]:
-    """One fit as configs/spr_raft/smollm2.yaml (one thread, as a `litlab repro --jobs` worker)."""
+    """One fit as configs/spr_raft/smollm2.yaml (one thread, as a `litlab repro --jobs` worker), but ``steps``
+    steps in one epoch: 20 by default, the card's first recording (2026-12-02); the config trains longer."""
     from litlab.datamodules.text_regression import LMTextRegressionDataModule
 
     threads = torch.get_num_threads()
@@ -319,7 +320,7 @@ def smol_fit(tmp_path, seed: int, steps: int = 20, **kw) -> dict[str, float]:
 )
 @pytest.mark.xfail(
     strict=True,
-    reason="spec §7.7 does not hold on SmolLM2 at 20 steps (recorded in seeds/spr_raft.yaml, seeds 0-2): SPR-RAFT "
+    reason="spec §7.7 does not hold on SmolLM2 at 20 steps (the card's 2026-12-02 recording, seeds 0-2): SPR-RAFT "
     "head 72.15 vs CE-only grid 74.80 (needs 1.5 better: d = 2.65 [-4.1, 9.4]) and vs 0.96 x mean 69.19; LM grid "
     "73.96 (needs 0.5 better); arg-max 73.80 - 72.15 = 1.65 (needs > 8)",
 )
