@@ -435,3 +435,12 @@ def test_report_writes_sample_grid_and_frontier(monkeypatch, tmp_path):
     for p in extras.figures:
         assert p.exists() and p.stat().st_size > 1000
     assert "| SCNS lambda 1000 |" in extras.markdown and "### Samples per concept" in extras.markdown
+
+
+def test_step_benchmark_times_the_quick_backbone():
+    """``litlab bench scns_step``: the quick config's UNet (272,515 parameters, as its header says) and a positive
+    CPU time per step; the K/V weights it differentiates are exactly the ``kv`` ground set."""
+    from litlab.benchmarks.scns_step import measure
+
+    res = measure(steps=2, warmup=1)
+    assert res["unet_params"] == 272_515 and 0 < res["step_cpu_s_min"] <= res["step_cpu_s_median"]
