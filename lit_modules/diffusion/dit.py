@@ -170,25 +170,23 @@ def load_wan(model_id: str, revision: str | None = None) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def prompt_embedding(
-    text_encoder: nn.Module, tokenizer: Any, prompt: str, max_sequence_length: int
-) -> Tensor:
-    """(1, L, d) embedding of ``prompt`` as diffusers' ``WanPipeline._get_t5_prompt_embeds``: padded to
-    ``max_sequence_length``, the positions after the prompt's own tokens (for ``""``: after its end token) set
-    to 0."""
-    enc = tokenizer(
-        [prompt],
-        padding="max_length",
-        max_length=max_sequence_length,
-        truncation=True,
-        add_special_tokens=True,
-        return_attention_mask=True,
-        return_tensors="pt",
+def prompt_embedding(parts: dict[str, Any], prompt: str, max_sequence_length: int) -> Tensor:
+    """(1, L, d) embedding of ``prompt`` by diffusers' own ``WanPipeline.encode_prompt`` over the checkpoint's parts
+    (umT5, padded to ``max_sequence_length``, zero after the prompt's own tokens), in float32 on the CPU."""
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline(
+        **{k: parts[k] for k in ("tokenizer", "text_encoder", "vae", "scheduler", "transformer")}
     )
-    device = next(text_encoder.parameters()).device
-    hidden = text_encoder(enc.input_ids.to(device), enc.attention_mask.to(device)).last_hidden_state
-    keep = enc.attention_mask.to(device).bool()[..., None]
-    return torch.where(keep, hidden, torch.zeros_like(hidden)).float().cpu()
+    device = next(parts["text_encoder"].parameters()).device
+    embeds, _ = pipe.encode_prompt(
+        prompt,
+        do_classifier_free_guidance=False,
+        max_sequence_length=max_sequence_length,
+        device=device,
+        dtype=torch.float32,
+    )
+    return embeds.cpu()
 
 
 class WanLatentBackbone(nn.Module):
@@ -227,9 +225,9 @@ class WanLatentBackbone(nn.Module):
         self.register_buffer(
             "latents_std", torch.tensor(v_cfg.latents_std, dtype=torch.float32).view(1, z_dim, 1, 1, 1), False
         )
-        tokenizer, text_encoder = parts["tokenizer"], parts["text_encoder"]
+        tokenizer = parts["tokenizer"]
         length = min(max_sequence_length, int(getattr(tokenizer, "model_max_length", max_sequence_length)))
-        embeds = prompt_embedding(text_encoder, tokenizer, prompt, length)
+        embeds = prompt_embedding(parts, prompt, length)
         if embeds.shape[-1] != int(t_cfg.text_dim):
             raise ValueError(
                 f"the text encoder's width {embeds.shape[-1]} is not the transformer's text_dim {t_cfg.text_dim}"
