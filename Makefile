@@ -74,6 +74,6 @@ clean:
 
 # README's methods table, generated from the cards (tests/test_repro.py fails when the two disagree)
 readme: install
-	$(BIN)/python -c "import pathlib; from litlab.repro import cards_markdown; p = pathlib.Path('README.md'); \
+	$(BIN)/python -c "import pathlib; from litlab.verdicts import cards_markdown; p = pathlib.Path('README.md'); \
 	b, e = '<!-- cards:begin (make readme) -->\n', '<!-- cards:end -->'; s = p.read_text(); \
 	p.write_text(s.split(b)[0] + b + cards_markdown() + e + s.split(e, 1)[1])"

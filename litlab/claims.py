@@ -1,19 +1,36 @@
-"""A card's claims, judged on per-seed numbers: the statistics, the falsifiability check, the status.
+"""A card's claims, judged on per-seed numbers: the statistics, the falsifiability check, the card's status.
 
 Three kinds of claim (``litlab.cards`` parses them):
 
 - ``better``: the method improves on every compared run by more than ``margin``. ``d`` is the improvement
-  (oriented by the method run's ``mode``: for ``min`` metrics, baseline mean minus method mean), with a Welch
-  95 % interval over seeds; the claim holds only when the interval's low end exceeds the margin.
+  (oriented by the metric's mode: for ``min`` metrics, baseline mean minus method mean) with a 95 % interval
+  over seeds; the claim holds only when the interval's low end exceeds the margin.
 - ``parity``: the method is no worse than every compared run by more than ``margin``: the interval's low end
-  exceeds ``-margin``. Any run passes a parity test against itself, so a parity claim names ``controls``:
-  runs that must fail the same test, or the claim cannot tell the method from them.
-- ``mechanism``: an invariant or a ledger count (``value op target``) on every seed of a run or on a number a
-  report hook derived; not a comparison with a baseline.
+  exceeds ``-margin``.
+- ``mechanism``: ``value op target`` on every seed of a run's metric (or on a number a report hook derived),
+  where the value measures the paper's mechanism and a plausible wrong implementation (``fails_if``) fails it.
+  Properties that hold by construction are tests in ``tests/``, not claims.
 
-Falsifiability (``refutations``): every comparative claim is re-evaluated with the method's per-seed values
-replaced by each compared run's (and each control's); a claim that still holds cannot tell the method from
-that run, and the card is refused.
+Statistics are fixed by the card's design, not per claim: with ``pairing: seed`` (the runs of one card seed
+share data, base model and initialisation) every interval is the paired t interval over the per-seed
+differences; otherwise Welch's.
+
+The card's status is its headline claims' verdict (``card_status``):
+
+- ``reproduced``: every headline claim passes, and the experiment is sensitive;
+- ``not reproduced``: a headline claim fails, and the experiment is sensitive;
+- ``inconclusive``: a positive control fails (or none ran), or a headline's minimal detectable effect
+  (the 95 % interval's half-width plus the margin) is larger than the paper's effect, or its interval is wider
+  than the paper's effect with fewer than 5 seeds - whatever the method did;
+- ``not testable at this scale``: no headline claim is judged at this scale (``scales`` / ``requires``).
+
+Secondary claims are reported with their verdicts and never set the status.
+
+Falsifiability (``refutations``): every passing comparative claim that is not a positive control is
+re-evaluated with the method's per-seed values replaced by each ``baseline`` and ``floor`` run of the card that
+has values of the same metric (besides the runs the claim compares with); a claim that still holds cannot tell
+the method from that run, and the card is refused. ``null_table`` lists every substitution
+(``litlab repro <slug> --null``).
 """
 
 from __future__ import annotations
@@ -21,20 +38,22 @@ from __future__ import annotations
 import math
 import operator
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
-from litlab.cards import Card, Claim
+from litlab.cards import MIN_SEEDS_WIDE, STAND_IN_ROLES, Card, Claim, Ref
 
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
-COMPARATIVE = ("better", "parity")
+STATUSES = ("reproduced", "not reproduced", "inconclusive", "not testable at this scale")
+# run -> metric -> seed -> value: what a reproduction measured, or what a card recorded
+Values = Mapping[str, Mapping[str, Mapping[int, float]]]
 
 
 @dataclass(frozen=True)
 class Comparison:
     """The method's improvement over one compared run, over seeds."""
 
-    against: str
+    against: str  # "run:metric"
     method_mean: float
     method_std: float
     against_mean: float
@@ -45,6 +64,21 @@ class Comparison:
     ci_low: float
     ci_high: float
     margin: float  # in metric units (a relative margin resolved against this run's mean)
+    paired: bool = False  # the interval is over per-seed differences (n = the seeds both sides have)
+    n_pairs: int = 0
+
+    @property
+    def half_width(self) -> float:
+        return (self.ci_high - self.ci_low) / 2
+
+    @property
+    def mde(self) -> float:
+        """The minimal detectable effect at this n: the interval's half-width plus the margin."""
+        return self.half_width + self.margin
+
+    @property
+    def n(self) -> int:
+        return self.n_pairs if self.paired else min(self.n_method, self.n_against)
 
 
 @dataclass
@@ -52,24 +86,59 @@ class ClaimResult:
     id: str
     kind: str
     verdict: str  # "pass" | "fail" | "unrun" | "skipped"
-    status: str  # "reproduced" | "not reproduced" | "mechanism" | "mechanism failed" | "unrun" | "skipped"
     paper: str = ""
     note: str = ""
     reason: str = ""
+    headline: bool = False
+    control: bool = False
     comparisons: tuple[Comparison, ...] = ()
     value: float | list[float] | None = None  # mechanism claims
+    paper_effect: float | None = None  # headline: in metric units (a relative one resolved)
+    requires: str = ""
 
     @property
     def holds(self) -> bool | None:
         return {"pass": True, "fail": False}.get(self.verdict)
 
+    @property
+    def judged(self) -> bool:
+        return self.verdict in ("pass", "fail")
+
+    @property
+    def mde(self) -> float | None:
+        return max((c.mde for c in self.comparisons), default=None)
+
+    @property
+    def n(self) -> int | None:
+        return min((c.n for c in self.comparisons), default=None)
+
+    @property
+    def sensitivity(self) -> str:
+        """Why a headline cannot decide (empty when it can): its MDE or its seeds against the paper's effect."""
+        if not self.headline or not self.comparisons or self.paper_effect is None:
+            return ""
+        if not math.isfinite(self.mde):
+            return "fewer than 2 seeds: no interval"
+        if self.mde > self.paper_effect:
+            return f"minimal detectable effect {self.mde:.4g} > paper effect {self.paper_effect:.4g}"
+        wide = [
+            c for c in self.comparisons if c.ci_high - c.ci_low > self.paper_effect and c.n < MIN_SEEDS_WIDE
+        ]
+        if wide:
+            return (
+                f"interval {wide[0].ci_high - wide[0].ci_low:.4g} wide > paper effect {self.paper_effect:.4g} "
+                f"at n = {wide[0].n} (< {MIN_SEEDS_WIDE} seeds)"
+            )
+        return ""
+
     def to_json(self) -> dict:
         out = asdict(self)
-        out["comparisons"] = [asdict(c) for c in self.comparisons]
+        out["comparisons"] = [{**asdict(c), "mde": c.mde} for c in self.comparisons]
+        out["mde"], out["sensitivity"] = self.mde, self.sensitivity
         return out
 
 
-def welch_interval(method: Sequence[float], against: Sequence[float], sign: float, level: float = 0.95):
+def welch_interval(method: list[float], against: list[float], sign: float, level: float = 0.95):
     """``sign * (mean(method) - mean(against))`` with its Welch interval; infinite with fewer than 2 seeds."""
     from scipy import stats
 
@@ -85,22 +154,47 @@ def welch_interval(method: Sequence[float], against: Sequence[float], sign: floa
     return diff, diff - half, diff + half
 
 
-def compare(claim: Claim, method: Sequence[float], against_name: str, against: Sequence[float], mode: str):
-    sign = 1.0 if mode == "max" else -1.0
-    diff, low, high = welch_interval(method, against, sign)
-    margin = claim.margin if claim.margin_rel is None else claim.margin_rel * abs(statistics.fmean(against))
+def paired_interval(differences: list[float], level: float = 0.95):
+    """The mean of per-seed differences with its t interval (n - 1 degrees of freedom)."""
+    from scipy import stats
+
+    diff = statistics.fmean(differences)
+    if len(differences) < 2:
+        return diff, -math.inf, math.inf
+    se = statistics.stdev(differences) / math.sqrt(len(differences))
+    if se == 0.0:
+        return diff, diff, diff
+    half = float(stats.t.ppf(0.5 + level / 2, len(differences) - 1)) * se
+    return diff, diff - half, diff + half
+
+
+def compare(
+    card: Card, claim: Claim, method: Mapping[int, float], against_ref: Ref, against: Mapping[int, float]
+) -> Comparison:
+    assert claim.method is not None
+    sign = 1.0 if card.mode(claim.method.metric) == "max" else -1.0
+    xs, ys = list(method.values()), list(against.values())
+    paired = card.pairing == "seed"
+    common = [s for s in method if s in against]
+    if paired:
+        diff, low, high = paired_interval([sign * (method[s] - against[s]) for s in common])
+    else:
+        diff, low, high = welch_interval(xs, ys, sign)
+    margin = claim.margin if claim.margin_rel is None else claim.margin_rel * abs(statistics.fmean(ys))
     return Comparison(
-        against=against_name,
-        method_mean=statistics.fmean(method),
-        method_std=statistics.stdev(method) if len(method) > 1 else 0.0,
-        against_mean=statistics.fmean(against),
-        against_std=statistics.stdev(against) if len(against) > 1 else 0.0,
-        n_method=len(method),
-        n_against=len(against),
+        against=str(against_ref),
+        method_mean=statistics.fmean(xs),
+        method_std=statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        against_mean=statistics.fmean(ys),
+        against_std=statistics.stdev(ys) if len(ys) > 1 else 0.0,
+        n_method=len(xs),
+        n_against=len(ys),
         diff=diff,
         ci_low=low,
         ci_high=high,
         margin=margin,
+        paired=paired,
+        n_pairs=len(common),
     )
 
 
@@ -108,21 +202,39 @@ def _comparison_holds(kind: str, c: Comparison) -> bool:
     return c.ci_low > c.margin if kind == "better" else c.ci_low > -c.margin
 
 
+def _lookup(values: Values, ref: Ref) -> Mapping[int, float] | None:
+    found = (values.get(ref.run) or {}).get(ref.metric)
+    return found or None
+
+
 def evaluate_claim(
     card: Card,
     claim: Claim,
-    values: Mapping[str, Sequence[float]],
+    values: Values,
     derived: Mapping[str, float],
     has_cuda: bool = False,
+    method_values: Mapping[int, float] | None = None,
 ) -> ClaimResult:
-    """Judge one claim on per-seed ``values`` (run name -> values) and report-hook ``derived`` numbers."""
-    base = ClaimResult(claim.id, claim.kind, "skipped", "skipped", paper=claim.paper, note=claim.note)
+    """Judge one claim on per-seed ``values`` and report-hook ``derived`` numbers (``method_values`` stands in
+    for the method's own, for the falsifiability check)."""
+    base = ClaimResult(
+        claim.id,
+        claim.kind,
+        "skipped",
+        paper=claim.paper,
+        note=claim.note,
+        headline=claim.headline,
+        control=claim.control,
+        requires=claim.requires,
+    )
     if claim.requires == "cuda" and not has_cuda:
-        base.verdict, base.status, base.reason = "unrun", "unrun", "needs a GPU (requires: cuda)"
+        base.verdict, base.reason = "unrun", "needs a GPU (requires: cuda)"
         return base
-    missing = [r for r in claim.runs() if r not in values]
+    missing = [str(r) for r in claim.refs() if _lookup(values, r) is None]
     if claim.kind == "mechanism" and claim.value.startswith("derived."):
         missing = [] if claim.value.removeprefix("derived.") in derived else [claim.value]
+    if claim.comparative and method_values is not None:
+        missing = [m for m in missing if m != str(claim.method)]
     if missing:
         base.reason = f"not measured in this invocation: {', '.join(missing)}"
         return base
@@ -131,18 +243,28 @@ def evaluate_claim(
             observed: float | list[float] = float(derived[claim.value.removeprefix("derived.")])
             ok = OPS[claim.op](observed, claim.target)
         else:
-            observed = [float(v) for v in values[claim.value]]
+            assert claim.value_ref is not None
+            observed = [float(v) for v in _lookup(values, claim.value_ref).values()]
             ok = all(OPS[claim.op](v, claim.target) for v in observed)
         base.value = observed
         base.verdict = "pass" if ok else "fail"
-        base.status = "mechanism" if ok else "mechanism failed"
+        if not ok:
+            base.reason = f"{claim.value} {claim.op} {claim.target:g} does not hold"
         return base
-    mode = card.runs[claim.method].mode or card.metric.mode
-    comps = tuple(compare(claim, values[claim.method], a, values[a], mode) for a in claim.against)
+    assert claim.method is not None
+    method = method_values if method_values is not None else _lookup(values, claim.method)
+    comps = tuple(compare(card, claim, method, a, _lookup(values, a)) for a in claim.against)
     ok = all(_comparison_holds(claim.kind, c) for c in comps)
     base.comparisons = comps
     base.verdict = "pass" if ok else "fail"
-    base.status = "reproduced" if ok else "not reproduced"
+    if claim.headline:
+        effects = [
+            claim.paper_effect
+            if claim.paper_effect is not None
+            else claim.paper_effect_rel * abs(c.against_mean)
+            for c in comps
+        ]
+        base.paper_effect = min(effects)
     if not ok:
         weak = [c for c in comps if not _comparison_holds(claim.kind, c)]
         base.reason = "; ".join(
@@ -153,68 +275,138 @@ def evaluate_claim(
     return base
 
 
-def refutations(card: Card, values: Mapping[str, Sequence[float]]) -> list[str]:
-    """Comparative claims that still hold when the method's numbers are replaced by a compared run's."""
-    problems = []
+def stand_ins(card: Card, claim: Claim, values: Values) -> list[Ref]:
+    """The runs whose numbers replace the method's in the falsifiability check: every baseline and floor run
+    with values of the method's metric, and for ``same_units`` claims the compared sides too."""
+    assert claim.method is not None
+    compared = {a.run for a in claim.against}
+    out = [
+        Ref(name, claim.method.metric)
+        for name, spec in card.runs.items()
+        if spec.role in STAND_IN_ROLES
+        and name != claim.method.run
+        and name not in compared
+        and _lookup(values, Ref(name, claim.method.metric)) is not None
+    ]
+    if claim.same_units:
+        out += [a for a in claim.against if a.metric != claim.method.metric]
+    return out
+
+
+def null_table(card: Card, values: Values) -> list[tuple[Claim, ClaimResult, Ref, bool]]:
+    """Every comparative claim (controls aside) with each stand-in: (claim, its verdict, stand-in, still holds)."""
+    rows = []
     for claim in card.claims:
-        if claim.kind not in COMPARATIVE or any(r not in values for r in claim.runs()):
+        if not claim.comparative or claim.control:
             continue
-        stand_ins = claim.against if claim.kind == "better" else claim.controls
-        for stand_in in stand_ins:
-            swapped = {**values, claim.method: values[stand_in]}
-            if evaluate_claim(card, claim, swapped, {}, has_cuda=True).holds:
+        actual = evaluate_claim(card, claim, values, {}, has_cuda=True)
+        if not actual.judged:
+            continue
+        for ref in stand_ins(card, claim, values):
+            swapped = evaluate_claim(
+                card, claim, values, {}, has_cuda=True, method_values=_lookup(values, ref)
+            )
+            rows.append((claim, actual, ref, bool(swapped.holds)))
+    return rows
+
+
+def refutations(card: Card, values: Values) -> list[str]:
+    """Passing claims that still hold with a baseline's or floor's numbers in the method's place."""
+    problems = []
+    for claim, actual, ref, holds in null_table(card, values):
+        if actual.holds and holds:
+            problems.append(
+                f"claim {claim.id!r} cannot tell {claim.method} from {ref}: it still holds with {ref.run}'s "
+                f"per-seed values in {claim.method.run}'s place (add {ref.run} to its 'against', with an amendment)"
+            )
+    for claim in card.claims:
+        if claim.kind == "parity" and not claim.control:
+            actual = evaluate_claim(card, claim, values, {}, has_cuda=True)
+            if actual.holds and not stand_ins(card, claim, values):
                 problems.append(
-                    f"claim {claim.id!r} cannot tell {claim.method} from {stand_in}: it still holds with "
-                    f"{stand_in}'s per-seed values in {claim.method}'s place"
+                    f"parity claim {claim.id!r} passes and no baseline or floor run with values of "
+                    f"{claim.method.metric} could fail it: parity with a compared run says nothing alone"
                 )
     return problems
 
 
-def card_status(verdicts: Iterable[tuple[str, str]]) -> str:
-    """reproduced | partial | not reproduced | mechanism only | not run, from each claim's (kind, verdict): of
-    fresh results or of a card's recorded block alike."""
-    verdicts = [(kind, verdict) for kind, verdict in verdicts if verdict in ("pass", "fail")]
-    judged = [verdict == "pass" for kind, verdict in verdicts if kind in COMPARATIVE]
-    mechanisms = [verdict == "pass" for kind, verdict in verdicts if kind == "mechanism"]
-    if not judged:
-        if mechanisms:
-            return "mechanism only" if all(mechanisms) else "not reproduced"
-        return "not run"
-    passed = sum(judged)
-    if passed == len(judged) and all(mechanisms):
-        return "reproduced"
-    return "not reproduced" if passed == 0 else "partial"
+def card_status(results: Iterable[ClaimResult]) -> tuple[str, str]:
+    """(status, reason) from the claims' results: the headline decides, controls show the experiment can see."""
+    results = list(results)
+    headlines = [r for r in results if r.headline and r.judged]
+    controls = [r for r in results if r.control]
+    if not headlines:
+        untestable = [r for r in results if r.headline]
+        why = "; ".join(f"{r.id}: {r.reason or r.requires or 'not at this scale'}" for r in untestable)
+        return "not testable at this scale", why or "no headline claim at this scale"
+    failed_controls = [r for r in controls if r.verdict != "pass"]
+    if not controls:
+        return "inconclusive", "no positive control at this scale"
+    if failed_controls:
+        return "inconclusive", "positive control " + "; ".join(
+            f"{r.id} {r.verdict}" + (f" ({r.reason})" if r.reason else "") for r in failed_controls
+        )
+    blind = [r for r in headlines if r.sensitivity]
+    failed = [r for r in headlines if r.verdict == "fail" and not r.sensitivity]
+    if failed:
+        return "not reproduced", "; ".join(f"{r.id}: {r.reason}" for r in failed)
+    if blind:
+        return "inconclusive", "; ".join(f"{r.id} ({r.verdict}): {r.sensitivity}" for r in blind)
+    return "reproduced", "every headline claim passes; controls pass; " + "; ".join(
+        f"{r.id}: MDE {r.mde:.4g} <= paper effect {r.paper_effect:.4g}" for r in headlines
+    )
 
 
-def regressions(card: Card, scale: str, results: Sequence[ClaimResult]) -> list[str]:
+def regressions(card: Card, scale: str, results: list[ClaimResult]) -> list[str]:
     """Claims the card recorded as passing at this scale that fail now: what fails CI."""
     recorded = card.recorded if card.recorded.get("scale") == scale else {}
     before = recorded.get("claims") or {}
     return [
-        f"claim {r.id!r} was recorded as passing and fails now ({r.reason or r.status})"
+        f"claim {r.id!r} was recorded as passing and fails now ({r.reason or r.verdict})"
         for r in results
         if r.verdict == "fail" and (before.get(r.id) or {}).get("verdict") == "pass"
     ]
 
 
-def recorded_values(card: Card, scale: str) -> dict[str, dict[int, float]]:
-    """Run name -> {seed: value} from the card's ``recorded:`` block at ``scale``."""
+def recorded_values(card: Card, scale: str) -> dict[str, dict[str, dict[int, float]]]:
+    """Run -> metric -> {seed: value} from the card's ``recorded:`` block at ``scale``."""
+    from litlab.lit_modules.core.errors import CardError
+
     rec = card.recorded
     if rec.get("scale") != scale:
         return {}
-    out = {}
+    out: dict[str, dict[str, dict[int, float]]] = {}
     for name, entry in (rec.get("results") or {}).items():
+        if "metrics" not in entry:
+            raise CardError(
+                f"{card.path}: recorded.results.{name} has no 'metrics:' (a recording older than roles and "
+                "headline claims): record the card again with `litlab repro <slug> --record`"
+            )
         seeds = entry.get("seeds") or rec.get("seeds") or []
-        out[name] = {int(s): float(v) for s, v in zip(seeds, entry.get("values") or [])}
+        out[name] = {
+            metric: {int(s): float(v) for s, v in zip(seeds, m.get("values") or [])}
+            for metric, m in entry["metrics"].items()
+        }
     return out
 
 
-def mismatches(card: Card, scale: str, measured: Mapping[str, Mapping[int, float]]) -> list[str]:
+def judge_recorded(card: Card, scale: str | None = None, has_cuda: bool = False) -> list[ClaimResult]:
+    """Every claim at the recorded scale, judged on the card's recorded numbers (no run)."""
+    scale = scale or str(card.recorded.get("scale", "quick"))
+    values = recorded_values(card, scale)
+    derived = {k: float(v) for k, v in (card.recorded.get("derived") or {}).items()}
+    return [evaluate_claim(card, c, values, derived, has_cuda=has_cuda) for c in card.claims_for(scale)]
+
+
+def mismatches(card: Card, scale: str, measured: Values) -> list[str]:
     """Per-seed differences from the recorded numbers beyond the card's determinism tolerance."""
     atol, rtol = card.determinism.atol, card.determinism.rtol
     out = []
-    for name, per_seed in recorded_values(card, scale).items():
-        for seed, value in measured.get(name, {}).items():
-            if seed in per_seed and not math.isclose(value, per_seed[seed], abs_tol=atol, rel_tol=rtol):
-                out.append(f"{name} seed {seed}: measured {value:.6g}, recorded {per_seed[seed]:.6g}")
+    for name, by_metric in recorded_values(card, scale).items():
+        for metric, per_seed in by_metric.items():
+            for seed, value in ((measured.get(name) or {}).get(metric) or {}).items():
+                if seed in per_seed and not math.isclose(value, per_seed[seed], abs_tol=atol, rel_tol=rtol):
+                    out.append(
+                        f"{name} {metric} seed {seed}: measured {value:.6g}, recorded {per_seed[seed]:.6g}"
+                    )
     return out

@@ -12,11 +12,11 @@ refused (invalid, or a claim that cannot tell the method from a baseline).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
 import math
-import re
 import statistics
 import sys
 import time
@@ -26,11 +26,22 @@ from typing import Any
 
 import yaml
 
-from litlab.cards import Card, load_card
-from litlab.claims import card_status, evaluate_claim, mismatches, refutations, regressions
+from litlab.cards import Card, claims_sha256, load_card
+from litlab.claims import (
+    ClaimResult,
+    card_status,
+    evaluate_claim,
+    judge_recorded,
+    mismatches,
+    null_table,
+    recorded_values,
+    refutations,
+    regressions,
+)
 from litlab.lit_modules.core.errors import CardError, ResourceUnavailableError
 from litlab.lit_modules.core.io import atomic_path, atomic_write_json, atomic_write_text
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult, SeedRun
+from litlab.verdicts import cards_markdown, list_cards  # noqa: F401  (`make readme`, the list)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Many runs in one terminal: a table at the end says more than a progress bar per run (none of these
@@ -224,7 +235,6 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
     """One LightningCLI fit; returns its summary (reused when it already finished)."""
     from litlab.cli import LitlabCLI, RunAlreadyFinished  # see _child_fit
 
-    spec = card.runs[run_name]
     args = fit_args(card, run_name, scale, seed, out_dir, extra)
     import torch
 
@@ -245,7 +255,7 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
     summary = json.loads((run_dir / "summary.json").read_text())
     if summary.get("status") != "finished":
         raise RuntimeError(f"run {run_name} seed {seed} did not finish: {summary.get('status')} ({run_dir})")
-    metric = spec.metric or card.metric.name
+    metric = card.run_metric(run_name)
     if metric not in summary["metrics"]:
         raise KeyError(f"run {run_name} logged no metric {metric!r}; it logged {sorted(summary['metrics'])}")
     return SeedRun(
@@ -325,12 +335,13 @@ def reproduce(
         xs = [v.value for v in values]
         per_run[name] = RunResult(
             name=name,
-            metric=runs[name].metric or card.metric.name,
+            metric=card.run_metric(name),
             seeds=seeds,
             values=xs,
             mean=statistics.fmean(xs),
             std=statistics.stdev(xs) if len(xs) > 1 else 0.0,
             runs=values,
+            metrics=read_metrics(card, name, values),
         )
     result = CardResult(
         slug=card.slug,
@@ -349,20 +360,44 @@ def reproduce(
     return result
 
 
+def read_metrics(card: Card, run_name: str, seed_runs: list[SeedRun]) -> dict[str, list[float]]:
+    """Per seed, every metric the card's claims read from this run (each must be logged), and the card's other
+    metrics where the run logged them (a baseline or floor is a stand-in for every claim on its metrics)."""
+    needed = card.metrics_of(run_name)
+    out: dict[str, list[float]] = {}
+    summaries = [r.summary_metrics() for r in seed_runs]
+    for metric in [*needed, *(m for m in card.metrics if m not in needed)]:
+        if all(metric in s for s in summaries):
+            out[metric] = [float(s[metric]) for s in summaries]
+        elif metric in needed:
+            logged = sorted(summaries[0]) if summaries else []
+            raise KeyError(
+                f"run {run_name} logged no metric {metric!r} (a claim reads it); it logged {logged}"
+            )
+    return out
+
+
+def measured_values(result: CardResult) -> dict[str, dict[str, dict[int, float]]]:
+    """Run -> metric -> {seed: value} of a reproduction."""
+    return {
+        name: {metric: dict(zip(r.seeds, xs)) for metric, xs in r.metrics.items()}
+        for name, r in result.runs.items()
+    }
+
+
 def judge(card: Card, result: CardResult) -> None:
     """Claims, card status, regressions, refutations and per-seed mismatches of ``result``, in place."""
     import torch
 
-    values = {n: r.values for n, r in result.runs.items()}
+    values = measured_values(result)
     result.claims = [
         evaluate_claim(card, c, values, result.extras.numbers, has_cuda=torch.cuda.is_available())
         for c in card.claims_for(result.scale)
     ]
-    result.status = card_status((c.kind, c.verdict) for c in result.claims)
+    result.status, result.status_reason = card_status(result.claims)
     result.regressions = regressions(card, result.scale, result.claims)
     result.refutations = refutations(card, values)
-    measured = {n: dict(zip(r.seeds, r.values)) for n, r in result.runs.items()}
-    result.mismatches = mismatches(card, result.scale, measured)
+    result.mismatches = mismatches(card, result.scale, values)
 
 
 def call_report_hook(card: Card, result: CardResult, out_dir: Path) -> None:
@@ -389,15 +424,21 @@ def call_report_hook(card: Card, result: CardResult, out_dir: Path) -> None:
 
 
 # ---- report -------------------------------------------------------------------------------------
-def _fmt(x: float) -> str:
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "—"
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
     return "nan" if math.isnan(x) else (f"{x:.4g}" if abs(x) < 1e4 else f"{x:.3e}")
 
 
-def claim_rows(claim) -> list[tuple[str, ...]]:
+def claim_label(claim: ClaimResult) -> str:
+    return claim.id + (" (headline)" if claim.headline else " (control)" if claim.control else "")
+
+
+def claim_rows(claim: ClaimResult) -> list[tuple[str, ...]]:
     """(claim, kind, comparison, n, means ± std, d [95% CI], margin, verdict) per compared run."""
-    verdict = f"{claim.verdict.upper()} ({claim.status})"
+    verdict = claim.verdict.upper() + (f": {claim.sensitivity}" if claim.sensitivity else "")
     if claim.kind == "mechanism":
         value = claim.value
         shown = (
@@ -405,15 +446,15 @@ def claim_rows(claim) -> list[tuple[str, ...]]:
             if value is None
             else (", ".join(map(_fmt, value)) if isinstance(value, list) else _fmt(value))
         )
-        return [(claim.id, claim.kind, shown, "", "", "", "", verdict)]
+        return [(claim_label(claim), claim.kind, shown, "", "", "", "", verdict)]
     if not claim.comparisons:
-        return [(claim.id, claim.kind, "", "", "", "", "", f"{verdict} {claim.reason}".strip())]
+        return [(claim_label(claim), claim.kind, "", "", "", "", "", f"{verdict} {claim.reason}".strip())]
     return [
         (
-            claim.id,
+            claim_label(claim),
             claim.kind,
             f"vs {c.against}",
-            f"{c.n_method}/{c.n_against}",
+            f"{c.n} paired" if c.paired else f"{c.n_method}/{c.n_against}",
             f"{_fmt(c.method_mean)} ± {_fmt(c.method_std)} vs {_fmt(c.against_mean)} ± {_fmt(c.against_std)}",
             f"{_fmt(c.diff)} [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}]",
             _fmt(c.margin if claim.kind == "better" else -c.margin),
@@ -424,6 +465,9 @@ def claim_rows(claim) -> list[tuple[str, ...]]:
 
 
 def render_markdown(card: Card, res: CardResult, command: str) -> str:
+    interval = (
+        "paired t interval over per-seed differences" if card.pairing == "seed" else "Welch 95 % interval"
+    )
     lines = [
         f"# {card.title} — reproduction ({res.scale})",
         "",
@@ -433,13 +477,17 @@ def render_markdown(card: Card, res: CardResult, command: str) -> str:
         f"Date: {res.date}, seeds {res.seeds}, wall time {res.wall_time_s} s "
         f"({res.reused_runs} of {res.total_runs} runs reused from earlier invocations)",
         "",
-        f"**Status: {res.status}.** {card.status_note.strip()}",
+        f"**Status: {res.status}** ({res.status_reason}). {card.status_note.strip()}",
         "",
         "## Claims",
         "",
-        "d is the method's improvement over the compared run (positive = better), with a Welch 95 % interval "
-        "over seeds; a `better` claim passes when the interval's low end clears the margin, a `parity` claim "
-        "when it clears minus the margin.",
+        f"d is the method's improvement over the compared run (positive = better), with a 95 % {interval} "
+        "(pairing: "
+        + card.pairing
+        + "); a `better` claim passes when the interval's low end clears the margin, "
+        "a `parity` claim when it clears minus the margin. The headline claims decide the status; the positive "
+        "controls show the experiment can see an effect; a headline's minimal detectable effect (half-width + "
+        "margin) must not exceed the paper's effect.",
         "",
         "| claim | kind | compared | n | means ± std | d [95 % CI] | needs low end > | verdict |",
         "|---|---|---|---|---|---|---|---|",
@@ -449,7 +497,12 @@ def render_markdown(card: Card, res: CardResult, command: str) -> str:
     lines.append("")
     for claim in res.claims:
         text = f"- `{claim.id}`: {claim.paper}" if claim.paper else f"- `{claim.id}`"
+        if claim.headline:
+            text += f" — paper effect {_fmt(claim.paper_effect)}, MDE {_fmt(claim.mde)}"
         lines.append(text + (f" — *{claim.note.strip()}*" if claim.note else ""))
+    if card.amendments:
+        lines += ["", "## Amendments (changed after a recording)", ""]
+        lines += [f"- {a.date}: {a.changed} — why: {a.why} — before: {a.old}" for a in card.amendments]
     for title, items in (
         ("Regressions (recorded as passing, failing now)", res.regressions),
         ("Refused claims", res.refutations),
@@ -461,17 +514,18 @@ def render_markdown(card: Card, res: CardResult, command: str) -> str:
         "",
         "## Runs",
         "",
-        "| run | metric | mean ± std | per seed | recorded |",
-        "|---|---|---|---|---|",
+        "| run | role | metric | mean ± std | per seed | recorded |",
+        "|---|---|---|---|---|---|",
     ]
-    recorded = card.recorded.get("results") or {}
+    recorded = recorded_values(card, res.scale)
     for name, r in res.runs.items():
-        rec = recorded.get(name) or {}
-        rec_text = ", ".join(_fmt(v) for v in rec.get("values", [])) or "—"
-        lines.append(
-            f"| {name} | {r.metric} | {_fmt(r.mean)} ± {_fmt(r.std)} | "
-            f"{', '.join(_fmt(v) for v in r.values)} | {rec_text} |"
-        )
+        for metric, xs in r.metrics.items():
+            rec = (recorded.get(name) or {}).get(metric) or {}
+            rec_text = ", ".join(_fmt(v) for v in rec.values()) or "—"
+            lines.append(
+                f"| {name} | {card.runs[name].role} | {metric} | {_fmt(statistics.fmean(xs))} ± "
+                f"{_fmt(statistics.stdev(xs) if len(xs) > 1 else 0.0)} | {', '.join(_fmt(v) for v in xs)} | {rec_text} |"
+            )
     lines.append("")
     if res.extras.numbers:
         lines += ["## Derived numbers", "", "| name | value |", "|---|---|"]
@@ -491,12 +545,21 @@ def print_table(card: Card, res: CardResult) -> None:
 
     console = Console(width=None if sys.stdout.isatty() else 140)  # a log file still gets readable rows
     runs = Table(title=f"{card.slug}: {card.title} ({res.scale}, seeds {res.seeds})")
-    for col in ("run", "metric", "mean ± std", "per seed"):
+    for col in ("run", "role", "metric", "mean ± std", "per seed"):
         runs.add_column(col)
     for name, r in res.runs.items():
-        runs.add_row(name, r.metric, f"{_fmt(r.mean)} ± {_fmt(r.std)}", ", ".join(_fmt(v) for v in r.values))
+        for metric, xs in r.metrics.items():
+            std = statistics.stdev(xs) if len(xs) > 1 else 0.0
+            runs.add_row(
+                name,
+                card.runs[name].role,
+                metric,
+                f"{_fmt(statistics.fmean(xs))} ± {_fmt(std)}",
+                ", ".join(_fmt(v) for v in xs),
+            )
     console.print(runs)
-    claims = Table(title="claims (d: improvement, Welch 95 % CI over seeds)")
+    interval = "paired t" if card.pairing == "seed" else "Welch"
+    claims = Table(title=f"claims (d: improvement, {interval} 95 % CI over seeds)")
     for col in ("claim", "kind", "compared", "n", "means ± std", "d [95% CI]", "needs low end >", "verdict"):
         claims.add_column(col)
     for claim in res.claims:
@@ -513,7 +576,8 @@ def print_table(card: Card, res: CardResult) -> None:
         for item in items:
             console.print(f"  [bold]{label}[/bold] {item}")
     console.print(
-        f"[bold]status: {res.status}[/bold]  ({res.wall_time_s} s; {res.reused_runs} of {res.total_runs} runs reused)"
+        f"[bold]status: {res.status}[/bold] ({res.status_reason}; {res.wall_time_s} s; "
+        f"{res.reused_runs} of {res.total_runs} runs reused)"
     )
 
 
@@ -553,53 +617,98 @@ def plot(res: CardResult, path: Path) -> None:
     plt.close(fig)
 
 
-def record_into_card(card: Card, res: CardResult, command: str) -> None:
-    """Replace the card's ``recorded:`` block (kept last in the file) with this run's measured numbers."""
-    assert card.path is not None
-    results = {
-        n: {
-            "metric": r.metric,
-            "seeds": list(r.seeds),
-            "values": [round(v, 6) for v in r.values],
-            "mean": round(r.mean, 6),
-            "std": round(r.std, 6),
-        }
-        for n, r in res.runs.items()
-    }
-    claims = {}
-    for c in res.claims:
-        entry: dict[str, Any] = {"verdict": c.verdict, "status": c.status}
-        if c.comparisons:
-            entry["vs"] = {
-                x.against: {
-                    "n": [x.n_method, x.n_against],
-                    "diff": round(x.diff, 6),
-                    "ci95": [round(x.ci_low, 6), round(x.ci_high, 6)],
-                    "margin": round(x.margin, 6),
-                }
-                for x in c.comparisons
+def claim_entry(c: ClaimResult) -> dict[str, Any]:
+    """A claim's result as the card's ``recorded:`` block keeps it."""
+    entry: dict[str, Any] = {"verdict": c.verdict}
+    if c.headline or c.control:
+        entry["role"] = "headline" if c.headline else "control"
+    if c.comparisons:
+        entry["vs"] = {
+            x.against: {
+                "n": x.n_pairs if x.paired else [x.n_method, x.n_against],
+                "diff": round(x.diff, 6),
+                "ci95": [round(x.ci_low, 6), round(x.ci_high, 6)],
+                "margin": round(x.margin, 6),
+                **({"paired": True} if x.paired else {}),
             }
-        if c.value is not None:
-            entry["value"] = (
-                [round(v, 6) for v in c.value] if isinstance(c.value, list) else round(c.value, 6)
-            )
-        if c.reason:
-            entry["reason"] = c.reason
-        claims[c.id] = entry
-    block = {
-        "recorded": {
-            "date": res.date,
-            "command": command,
-            "scale": res.scale,
-            "seeds": res.seeds,
-            "status": res.status,
-            "wall_time_s": res.wall_time_s,
-            "reused_runs": res.reused_runs,  # > 0: wall_time_s did not time those runs
-            "claims": claims,
-            "results": results,
+            for x in c.comparisons
         }
+    if c.headline and c.comparisons:
+        entry["mde"] = round(c.mde, 6)
+        entry["paper_effect"] = round(c.paper_effect, 6)
+        if c.sensitivity:
+            entry["sensitivity"] = c.sensitivity
+    if c.value is not None:
+        entry["value"] = [round(v, 6) for v in c.value] if isinstance(c.value, list) else round(c.value, 6)
+    if c.reason:
+        entry["reason"] = c.reason
+    return entry
+
+
+def _result_entry(seeds: list[int], metrics: dict[str, list[float]]) -> dict[str, Any]:
+    return {
+        "seeds": list(seeds),
+        "metrics": {
+            m: {
+                "values": [round(v, 6) for v in xs],
+                "mean": round(statistics.fmean(xs), 6),
+                "std": round(statistics.stdev(xs), 6) if len(xs) > 1 else 0.0,
+            }
+            for m, xs in metrics.items()
+        },
     }
-    # runs and claims this invocation did not repeat (optional runs, --only) keep their earlier numbers
+
+
+def judged_block(card: Card, recorded: dict[str, Any], keep_hash: bool) -> dict[str, Any]:
+    """``recorded`` with every claim judged on its numbers, the status and the claims' hash."""
+    import torch
+
+    probe = dataclasses.replace(card, recorded=recorded)
+    results = judge_recorded(probe, has_cuda=torch.cuda.is_available())
+    status, reason = card_status(results)
+    head = {k: recorded[k] for k in ("date", "command", "scale", "seeds") if k in recorded}
+    sha = (
+        recorded.get("claims_sha256") if keep_hash and recorded.get("claims_sha256") else claims_sha256(card)
+    )
+    tail = {
+        k: v
+        for k, v in recorded.items()
+        if k not in head and k not in ("status", "status_reason", "claims_sha256", "claims")
+    }
+    return {
+        **head,
+        "status": status,
+        "status_reason": reason,
+        "claims_sha256": sha,
+        **{k: tail.pop(k) for k in ("wall_time_s", "reused_runs") if k in tail},
+        "claims": {c.id: claim_entry(c) for c in results},
+        **tail,
+    }
+
+
+def write_recorded(card: Card, block: dict[str, Any]) -> None:
+    """Replace the card's ``recorded:`` block (kept last in the file)."""
+    assert card.path is not None
+    text = card.path.read_text()
+    head = text.split("\nrecorded:", 1)[0].rstrip() + "\n"
+    dumped = yaml.safe_dump({"recorded": block}, sort_keys=False, width=110, default_flow_style=None)
+    atomic_write_text(card.path, head + dumped)
+
+
+def record_into_card(card: Card, res: CardResult, command: str) -> None:
+    """Write this run's measured numbers into the card's ``recorded:`` block, with every claim judged on them
+    and the hash of the claims they were judged by (pre-registration: a later change needs an amendment)."""
+    results = {n: _result_entry(r.seeds, r.metrics) for n, r in res.runs.items()}
+    block: dict[str, Any] = {
+        "date": res.date,
+        "command": command,
+        "scale": res.scale,
+        "seeds": res.seeds,
+        "wall_time_s": res.wall_time_s,
+        "reused_runs": res.reused_runs,  # > 0: wall_time_s did not time those runs
+        "results": results,
+    }
+    # runs this invocation did not repeat (optional runs, --only) keep their earlier numbers
     earlier = card.recorded if card.recorded.get("scale") == res.scale else {}
     for name, entry in (earlier.get("results") or {}).items():
         if name in card.runs and name not in res.runs:
@@ -607,126 +716,60 @@ def record_into_card(card: Card, res: CardResult, command: str) -> None:
                 **entry,
                 "from": entry.get("from") or f"{earlier.get('date')}: {earlier.get('command')}",
             }
-    for cid, entry in (earlier.get("claims") or {}).items():
-        if cid in claims and claims[cid]["verdict"] == "skipped":
-            claims[cid] = entry
-    kinds = {c.id: c.kind for c in card.claims}
-    block["recorded"]["status"] = card_status(
-        (kinds[cid], e["verdict"]) for cid, e in claims.items() if cid in kinds
-    )
     default_runs = {n for n, r in card.runs_for(res.scale).items() if not r.optional}
     if earlier and not default_runs <= set(res.runs):
         # a partial invocation (--only): the card's date, command and timing stay those of its last full
         # one; the runs measured now say where they come from
         for key in ("date", "command", "wall_time_s", "reused_runs"):
             if key in earlier:
-                block["recorded"][key] = earlier[key]  # an existing key: its place in the block is kept
+                block[key] = earlier[key]
             else:
-                block["recorded"].pop(key, None)
+                block.pop(key, None)
         for name in res.runs:
             results[name]["from"] = f"{res.date}: {command} ({res.wall_time_s} s)"
     derived = {**(earlier.get("derived") or {}), **{k: round(v, 6) for k, v in res.extras.numbers.items()}}
     if derived:
-        block["recorded"]["derived"] = derived
-    text = card.path.read_text()
-    head = text.split("\nrecorded:", 1)[0].rstrip() + "\n"
-    atomic_write_text(
-        card.path, head + yaml.safe_dump(block, sort_keys=False, width=110, default_flow_style=None)
+        block["derived"] = derived
+    write_recorded(card, judged_block(card, block, keep_hash=False))
+
+
+def rejudge_card(card: Card) -> dict[str, Any]:
+    """Judge the card's claims again on its recorded numbers (after an amendment) and write the verdicts; the
+    recorded hash stays that of the claims the numbers were measured under."""
+    if not card.recorded:
+        raise CardError(f"{card.path}: nothing recorded to judge")
+    block = judged_block(card, dict(card.recorded), keep_hash=True)
+    write_recorded(card, block)
+    return block
+
+
+def print_null(card: Card) -> int:
+    """``--null``: each comparative claim re-evaluated on the recorded numbers with every baseline or floor
+    run in the method's place; exit 2 when a passing claim survives a substitution."""
+    scale = str(card.recorded.get("scale", "quick"))
+    rows = null_table(card, recorded_values(card, scale))
+    print(
+        f"{card.slug}: recorded numbers ({scale}), each claim with each baseline/floor in the method's place"
     )
+    print(f"{'claim':34s} {'verdict':8s} {'stand-in':40s} with the stand-in")
+    survivors = 0
+    for claim, actual, ref, holds in rows:
+        bad = actual.holds and holds
+        survivors += bad
+        label = "HOLDS: refused" if bad else ("holds" if holds else "fails")
+        print(f"{claim.id:34s} {actual.verdict:8s} {str(ref):40s} {label}")
+    untested = [
+        c.id for c in card.claims if c.comparative and not c.control and c.id not in {r[0].id for r in rows}
+    ]
+    if untested:
+        print("no stand-in with recorded values (or not judged): " + ", ".join(untested))
+    problems = refutations(card, recorded_values(card, scale))
+    for p in problems:
+        print(f"REFUSED {p}")
+    return 2 if problems else 0
 
 
 # ---- command line -------------------------------------------------------------------------------
-def _claims_passed(card: Card) -> tuple[int, int]:
-    rec = card.recorded.get("claims") or {}
-    verdicts = [e.get("verdict") for e in rec.values()]
-    return verdicts.count("pass"), len(verdicts)
-
-
-def card_paths(cards_dir: Path | None = None) -> list[Path]:
-    """The cards of ``cards_dir``; by default the working directory's ``seeds/`` and then litlab's own, a
-    user's card shadowing litlab's of the same name."""
-    if cards_dir is not None:
-        return sorted(cards_dir.glob("*.yaml"))
-    found: dict[str, Path] = {}
-    for folder in (Path.cwd() / "seeds", seeds_dir()):
-        for path in sorted(folder.glob("*.yaml")):
-            found.setdefault(path.stem, path)
-    return [found[k] for k in sorted(found)]
-
-
-def card_rows(cards_dir: Path | None = None) -> list[tuple[Card | None, str, str]]:
-    out = []
-    for path in card_paths(cards_dir):
-        try:
-            out.append((load_card(path), path.stem, ""))
-        except CardError as err:
-            out.append((None, path.stem, str(err)))
-    return out
-
-
-def _wall_time(rec: dict) -> str:
-    """The recorded repro's wall time, as the table shows it: only when it timed every run."""
-    seconds, reused = rec.get("wall_time_s"), rec.get("reused_runs")
-    if seconds is None or reused is None:
-        return "not timed"
-    if reused:
-        return f"{seconds:.0f} s ({reused} runs reused)"
-    jobs = re.search(r"--jobs[ =](\d+)", rec.get("command", ""))
-    return f"{seconds:.0f} s" + (f", --jobs {jobs.group(1)}" if jobs else "")
-
-
-def cards_markdown(cards_dir: Path | None = None) -> str:
-    """The README's methods table, made from the cards' recorded blocks (``litlab repro --list --markdown``)."""
-    lines = [
-        "| card | paper | status (quick) | claims passed | wall time | per claim: d [95 % CI], n |",
-        "|---|---|---|---|---|---|",
-    ]
-    for card, slug, error in card_rows(cards_dir):
-        if card is None:
-            lines.append(f"| `{slug}` | invalid card | — | — | — | {error} |")
-            continue
-        rec = card.recorded
-        passed, total = _claims_passed(card)
-        details = []
-        for cid, entry in (rec.get("claims") or {}).items():
-            vs = entry.get("vs") or {}
-            parts = [
-                f"{_fmt(v['diff'])} [{_fmt(v['ci95'][0])}, {_fmt(v['ci95'][1])}] vs {name}, n={v['n'][0]}"
-                for name, v in vs.items()
-            ]
-            body = "; ".join(parts) if parts else entry.get("status", "")
-            details.append(f"`{cid}` {entry.get('verdict', '?')}: {body}")
-        lines.append(
-            f"| [`{slug}`](seeds/{slug}.yaml) | {card.title} | {rec.get('status', 'not recorded')} | "
-            f"{passed}/{total} | {_wall_time(rec)} | {'<br>'.join(details)} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def list_cards(markdown: bool = False) -> int:
-    if markdown:
-        print(cards_markdown(), end="")
-        return 0
-    for card, slug, error in card_rows():
-        if card is None:
-            print(f"{slug:16s} REFUSED: {error}")
-            continue
-        rec = card.recorded
-        passed, total = _claims_passed(card)
-        rec_text = (
-            f"{rec.get('status', 'not recorded')} ({passed}/{total} claims, {rec.get('scale')}, {rec.get('date')})"
-            if rec
-            else "not recorded"
-        )
-        last = Path("runs/repro") / card.slug / "results.json"
-        last_text = ""
-        if last.exists():
-            last_res = json.loads(last.read_text())
-            last_text = f"; last local run {last_res['date']}: {last_res.get('status')}"
-        print(f"{card.slug:16s} {card.title[:56]:56s} {rec_text}{last_text}")
-    return 0
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="litlab repro", description=__doc__.split("\n")[0])
     parser.add_argument("slug", nargs="?", help="card name (seeds/<slug>.yaml) or a path to a card file")
@@ -755,6 +798,16 @@ def main(argv: list[str]) -> int:
         "--record", action="store_true", help="write the measured numbers into the card's recorded: block"
     )
     parser.add_argument(
+        "--null",
+        action="store_true",
+        help="re-evaluate the recorded numbers with every baseline/floor run in the method's place; run nothing",
+    )
+    parser.add_argument(
+        "--rejudge",
+        action="store_true",
+        help="judge the claims again on the recorded numbers (after an amendment) and write the verdicts; run nothing",
+    )
+    parser.add_argument(
         "--check-recorded",
         action="store_true",
         help="exit 1 when a seed's number differs from the recorded one beyond the card's determinism tolerance",
@@ -774,7 +827,14 @@ def main(argv: list[str]) -> int:
         Path(args.slug) if args.slug.endswith((".yaml", ".yml")) else project_path(f"seeds/{args.slug}.yaml")
     )
     try:
-        card = load_card(card_path)
+        # --null and --rejudge show and settle what the falsifiability check refuses
+        card = load_card(card_path, check_falsifiable=not (args.null or args.rejudge))
+        if args.rejudge:
+            block = rejudge_card(card)
+            print(f"{card.slug}: {block['status']} ({block['status_reason']})")
+            card = load_card(card_path, check_falsifiable=False)
+        if args.null or args.rejudge:
+            return print_null(card)
     except CardError as err:
         print(f"litlab repro: {err}", file=sys.stderr)
         return 2

@@ -41,6 +41,9 @@ class RunResult:
     mean: float
     std: float
     runs: list[SeedRun]
+    # every metric the card's claims read from this run (and the card's other metrics it logged), per seed in
+    # ``seeds`` order; ``values`` is the run's primary metric
+    metrics: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def run_dirs(self) -> list[Path]:
@@ -71,7 +74,8 @@ class CardResult:
     extras: ReportExtras = field(default_factory=ReportExtras)
     # set by litlab.repro.judge once the runs (and the report hook) are done
     claims: list[Any] = field(default_factory=list)  # litlab.claims.ClaimResult, one per claim at this scale
-    status: str = "not run"  # reproduced | partial | not reproduced | mechanism only | not run
+    status: str = "not run"  # reproduced | not reproduced | inconclusive | not testable at this scale
+    status_reason: str = ""  # which headline, control or sensitivity decided the status
     regressions: list[str] = field(default_factory=list)  # claims recorded as passing that fail now
     refutations: list[str] = field(default_factory=list)  # claims that cannot tell the method from a baseline
     mismatches: list[str] = field(default_factory=list)  # seeds whose number moved from the recorded one
@@ -109,6 +113,7 @@ class CardResult:
                 "seeds": r.seeds,
                 "mean": r.mean,
                 "std": r.std,
+                "metrics": r.metrics,
                 "runs": [{**dataclasses.asdict(s), "run_dir": str(s.run_dir)} for s in r.runs],
             }
         return {
@@ -121,6 +126,7 @@ class CardResult:
             "runs": runs,
             "claims": [c.to_json() for c in self.claims],
             "status": self.status,
+            "status_reason": self.status_reason,
             "regressions": self.regressions,
             "refutations": self.refutations,
             "mismatches": self.mismatches,
