@@ -22,7 +22,8 @@ The card's status is its headline claims' verdict (``card_status``):
 - ``inconclusive``: a positive control fails (or none ran), or a headline's minimal detectable effect
   (the 95 % interval's half-width plus the margin) is larger than the paper's effect, or its interval is wider
   than the paper's effect with fewer than 5 seeds - whatever the method did;
-- ``not testable at this scale``: no headline claim is judged at this scale (``scales`` / ``requires``).
+- ``not testable at this scale``: no headline claim is judged at this scale (``scales`` / ``requires``);
+  ``not run`` when this invocation left out the runs a headline reads (``--only``).
 
 Secondary claims are reported with their verdicts and never set the status.
 
@@ -336,8 +337,10 @@ def card_status(results: Iterable[ClaimResult]) -> tuple[str, str]:
     headlines = [r for r in results if r.headline and r.judged]
     controls = [r for r in results if r.control]
     if not headlines:
-        untestable = [r for r in results if r.headline]
-        why = "; ".join(f"{r.id}: {r.reason or r.requires or 'not at this scale'}" for r in untestable)
+        listed = [r for r in results if r.headline]
+        if any(r.verdict == "skipped" for r in listed):  # a partial invocation (--only) did not run them
+            return "not run", "; ".join(f"{r.id}: {r.reason}" for r in listed if r.verdict == "skipped")
+        why = "; ".join(f"{r.id}: {r.reason or r.requires}" for r in listed)
         return "not testable at this scale", why or "no headline claim at this scale"
     failed_controls = [r for r in controls if r.verdict != "pass"]
     if not controls:

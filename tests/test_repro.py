@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from litlab.cards import load_card, substitute_seed
-from litlab.claims import card_status, refutations, welch_interval
+from litlab.cards import Ref, load_card, substitute_seed
+from litlab.claims import ClaimResult, Comparison, card_status, paired_interval, refutations, welch_interval
 from litlab.lit_modules.core.errors import CardError
 from litlab.lit_modules.core.results import ReportExtras
-from litlab.repro import card_rows, fit_args, override_args, reproduce
+from litlab.repro import fit_args, override_args, reproduce
 from litlab.repro import main as repro_main
+from litlab.verdicts import card_rows, cards_markdown, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,34 +22,46 @@ title: Tiny matrix card
 venue: test
 claim: LoKRA+ fits a diagonal target that LoRA cannot.
 metric: {name: val/rel_err, mode: min}
+metrics: {val/delta_rank: max}
+pairing: seed
 scales:
   quick: {seeds: [0, 1, 2]}
 runs:
+  zero:
+    role: floor
+    config: configs/lokra/matrix.yaml
+    overrides: {model.init_args.mode: lora, model.init_args.lr: 0.0, trainer.max_steps: 150,
+                data.init_args.steps_per_epoch: 50}
   lora:
+    role: baseline
     config: configs/lokra/matrix.yaml
     overrides: {model.init_args.mode: lora, trainer.max_steps: 150, data.init_args.steps_per_epoch: 50}
   plus:
+    role: method
     config: configs/lokra/matrix.yaml
     overrides: {model.init_args.mode: lokra_plus, model.init_args.penalty.lam: 0.0, trainer.max_steps: 150,
                 data.init_args.steps_per_epoch: 50}
-  plus_rank:
-    config: configs/lokra/matrix.yaml
-    overrides: {model.init_args.mode: lokra_plus, model.init_args.penalty.lam: 0.0, trainer.max_steps: 150,
-                data.init_args.steps_per_epoch: 50}
-    metric: val/delta_rank
-    mode: max
 claims:
   - id: plus_beats_lora
     kind: better
+    headline: true
+    paper_effect: 0.5
     method: plus
     against: [lora]
     margin: 0.1
     paper: "LoKRA+ fits a diagonal target that LoRA cannot"
+  - id: lora_beats_zero
+    kind: better
+    control: true
+    method: lora
+    against: [zero]
+    margin: 0.03
   - id: plus_is_full_rank
     kind: mechanism
-    value: plus_rank
+    value: plus:val/delta_rank
     op: ">"
     target: 8
+    fails_if: a Khatri-Rao update built as a plain low-rank product (rank <= 8)
 """
 
 
@@ -61,20 +74,22 @@ def write_card(tmp_path, text=TINY_CARD, name="tiny.yaml"):
 def test_harness_runs_reuses_and_reports(tmp_path, capsys):
     card = load_card(write_card(tmp_path))
     res = reproduce(card, out_root=tmp_path / "repro")
-    better, mechanism = res.claims
-    assert better.verdict == "pass" and better.status == "reproduced"
-    (vs_lora,) = better.comparisons
-    assert vs_lora.n_method == vs_lora.n_against == 3 and vs_lora.ci_low > 0.1
-    assert vs_lora.diff == pytest.approx(
-        res.runs["lora"].mean - res.runs["plus"].mean
-    )  # min metric: lower wins
+    headline, control, mechanism = res.claims
+    assert headline.verdict == "pass" and headline.headline and control.verdict == "pass" and control.control
+    (vs_lora,) = headline.comparisons
+    assert vs_lora.paired and vs_lora.n == 3 and vs_lora.ci_low > 0.1
+    assert vs_lora.diff == pytest.approx(res.runs["lora"].mean - res.runs["plus"].mean)  # min: lower wins
+    assert headline.mde == pytest.approx(vs_lora.half_width + 0.1) and headline.mde <= 0.5
     assert mechanism.verdict == "pass" and mechanism.value == [64.0, 64.0, 64.0]
     assert res.status == "reproduced" and not res.refutations and not res.regressions
+    # one fit serves every metric it logs: the floor's rank is read too (a stand-in for rank claims)
+    assert (
+        res.runs["plus"].metrics["val/delta_rank"] == [64.0] * 3
+        and "val/delta_rank" in res.runs["zero"].metrics
+    )
+    assert res.runs["zero"].values == [1.0, 1.0, 1.0]  # lr 0: nothing adapts
     assert len(res.runs["lora"].values) == 3 and res.runs["lora"].std > 0
     assert not any(r.reused for r in res.runs["lora"].runs)
-    # same config as `plus`: one fit for both entries (fitted by this invocation, so not "reused")
-    assert [r.run_dir for r in res.runs["plus_rank"].runs] == [r.run_dir for r in res.runs["plus"].runs]
-    assert not any(r.reused for r in res.runs["plus_rank"].runs)
     again = reproduce(card, out_root=tmp_path / "repro")  # an interrupted repro resumes: nothing re-runs
     assert all(r.reused for run in again.runs.values() for r in run.runs)
     assert again.runs["lora"].values == res.runs["lora"].values
@@ -87,20 +102,45 @@ def test_command_reports_claims_and_fails_only_on_a_regression(tmp_path, capsys)
     files = {p.name for p in (out / "tiny").iterdir()}
     assert {"report.md", "results.json", "tiny_quick.png"} <= files
     report = (out / "tiny" / "report.md").read_text()
-    assert "**Status: reproduced.**" in report and "| plus_beats_lora | better | vs lora | 3/3 |" in report
+    assert "**Status: reproduced**" in report
+    assert "| plus_beats_lora (headline) | better | vs lora:val/rel_err | 3 paired |" in report
+    assert "| zero | floor | val/rel_err | 1 ± 0 |" in report
     saved = json.loads((out / "tiny" / "results.json").read_text())
     assert saved["status"] == "reproduced" and saved["claims"][0]["comparisons"][0]["ci_low"] > 0.1
     assert "status: reproduced" in capsys.readouterr().out
-    # the same claim id, now asking for more than the runs show: it was recorded as passing, so exit 1
-    raised = path.read_text().replace("margin: 0.1\n", "margin: 5.0\n")
+    # the same claim id, now asking for more than the runs show: it was recorded as passing, so exit 1; the
+    # changed margin also needs an amendment (pre-registration), so the check is switched off here
+    raised = path.read_text().replace("margin: 0.1\n", "margin: 0.7\n")
     path.write_text(raised)
+    with pytest.raises(CardError, match="no amendment says so"):
+        load_card(path)
+    sha = load_card(path, check_preregistration=False).claims_sha256()
+    amendment = f"amendments:\n  - {{date: '2026-12-06', changed: margin 0.7, why: test, old: 0.1, claims_sha256: {sha}}}\n"
+    path.write_text(raised.replace("recorded:", amendment + "recorded:", 1))
     assert repro_main([str(path), "--out", str(out)]) == 1  # same runs, reused
-    # a claim that never passed is a result, not a failure
-    fresh = write_card(tmp_path, TINY_CARD.replace("margin: 0.1\n", "margin: 5.0\n"), "fresh.yaml")
-    assert repro_main([str(fresh), "--out", str(out)]) == 0
-    res = json.loads((out / "fresh" / "results.json").read_text())
+    assert "2026-12-06: margin 0.7 — why: test — before: 0.1" in (out / "tiny" / "report.md").read_text()
+
+
+def test_a_sensitive_failing_headline_is_not_reproduced_and_a_blind_one_inconclusive(tmp_path):
+    out = tmp_path / "repro"
+    # the baseline as the "method": it fails, and the interval + margin is below the paper's effect
+    flipped = TINY_CARD.replace(
+        "    method: plus\n    against: [lora]", "    method: lora\n    against: [plus]"
+    )
+    assert repro_main([str(write_card(tmp_path, flipped, "flipped.yaml")), "--out", str(out)]) == 0
+    res = json.loads((out / "flipped" / "results.json").read_text())
     assert res["status"] == "not reproduced" and res["claims"][0]["verdict"] == "fail"
-    assert "does not clear margin 5" in res["claims"][0]["reason"]
+    assert "does not clear margin 0.1" in res["status_reason"]
+    # a margin above the paper's effect: the experiment could not see an effect of the paper's size
+    blind = TINY_CARD.replace("margin: 0.1\n", "margin: 5.0\n")
+    assert repro_main([str(write_card(tmp_path, blind, "blind.yaml")), "--out", str(out)]) == 0
+    res = json.loads((out / "blind" / "results.json").read_text())
+    assert res["status"] == "inconclusive" and "minimal detectable effect" in res["status_reason"]
+    # a positive control that fails: inconclusive whatever the method did
+    deaf = TINY_CARD.replace("margin: 0.03\n", "margin: 3.0\n")
+    assert repro_main([str(write_card(tmp_path, deaf, "deaf.yaml")), "--out", str(out)]) == 0
+    res = json.loads((out / "deaf" / "results.json").read_text())
+    assert res["status"] == "inconclusive" and "positive control lora_beats_zero fail" in res["status_reason"]
 
 
 def ratio_hook(res, out_dir):
@@ -120,6 +160,7 @@ HOOK_CLAIM = """  - id: ratio_small
     value: derived.plus_over_lora
     op: "<"
     target: 0.5
+    fails_if: test
 report_hook: tests.test_repro:ratio_hook
 """
 
@@ -143,7 +184,7 @@ def test_report_hook_adds_figures_sections_and_derived_claims(tmp_path, monkeypa
     card = load_card(path)
     ratio = card.recorded["derived"]["plus_over_lora"]
     assert 0 < ratio < 0.5 and card.recorded["claims"]["ratio_small"]["value"] == round(ratio, 6)
-    assert card.recorded["claims"]["plus_is_full_rank"]["verdict"] == "skipped"  # plus_rank not run
+    assert card.recorded["claims"]["lora_beats_zero"]["verdict"] == "skipped"  # zero not run
     bad = write_card(tmp_path, TINY_CARD + "report_hook: tests.test_repro\n", "bad.yaml")
     with pytest.raises(CardError, match="report_hook must be"):
         load_card(bad)
@@ -152,7 +193,7 @@ def test_report_hook_adds_figures_sections_and_derived_claims(tmp_path, monkeypa
 def test_only_runs_a_subset_and_skips_the_claims_it_cannot_judge(tmp_path):
     card = load_card(write_card(tmp_path))
     res = reproduce(card, only=["plus"], out_root=tmp_path / "repro")
-    assert list(res.runs) == ["plus"] and [c.verdict for c in res.claims] == ["skipped", "skipped"]
+    assert list(res.runs) == ["plus"] and [c.verdict for c in res.claims] == ["skipped", "skipped", "pass"]
     assert res.status == "not run" and "lora" in res.claims[0].reason
     with pytest.raises(CardError, match="unknown runs \\['nope'\\]"):
         reproduce(card, only=["nope"], out_root=tmp_path / "repro")
@@ -164,13 +205,13 @@ def test_record_writes_per_seed_numbers_and_claims_into_the_card(tmp_path):
     card = load_card(path)
     rec = card.recorded
     assert rec["status"] == "reproduced" and rec["seeds"] == [0, 1, 2]
-    assert set(rec["results"]) == {"lora", "plus", "plus_rank"} and rec["results"]["lora"]["seeds"] == [
-        0,
-        1,
-        2,
-    ]
-    vs = rec["claims"]["plus_beats_lora"]["vs"]["lora"]
-    assert vs["n"] == [3, 3] and vs["ci95"][0] > 0.1 and vs["margin"] == 0.1
+    assert rec["claims_sha256"] == card.claims_sha256()  # what the numbers were judged under
+    assert set(rec["results"]) == {"zero", "lora", "plus"} and rec["results"]["lora"]["seeds"] == [0, 1, 2]
+    assert rec["results"]["plus"]["metrics"]["val/delta_rank"]["values"] == [64.0] * 3
+    headline = rec["claims"]["plus_beats_lora"]
+    vs = headline["vs"]["lora:val/rel_err"]
+    assert vs["n"] == 3 and vs["paired"] and vs["ci95"][0] > 0.1 and vs["margin"] == 0.1
+    assert headline["role"] == "headline" and headline["paper_effect"] == 0.5 and headline["mde"] < 0.5
     assert card.title == "Tiny matrix card"  # the rest of the card is untouched
 
 
@@ -180,61 +221,105 @@ def test_check_recorded_compares_every_seed_with_the_determinism_tolerance(tmp_p
     repro_main([str(path), "--out", out, "--record"])
     assert repro_main([str(path), "--out", out, "--check-recorded"]) == 0  # bit-identical on CPU
     data = yaml.safe_load(path.read_text())
-    data["recorded"]["results"]["lora"]["values"][1] += 1e-4  # one seed moved
+    data["recorded"]["results"]["lora"]["metrics"]["val/rel_err"]["values"][1] += 1e-4  # one seed moved
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     assert repro_main([str(path), "--out", out, "--check-recorded"]) == 1
     report = (tmp_path / "repro" / "tiny" / "report.md").read_text()
-    assert "lora seed 1: measured" in report
+    assert "lora val/rel_err seed 1: measured" in report
     data["determinism"] = {"atol": 1e-3}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     assert repro_main([str(path), "--out", out, "--check-recorded"]) == 0
 
 
+BEATS_FLOOR = """  - id: plus_beats_zero
+    kind: better
+    method: plus
+    against: [zero]
+    margin: 0.01
+"""
 PARITY_CLAIM = """  - id: plus_matches_lora
     kind: parity
     method: plus
     against: [lora]
     margin_rel: 100.0
-    controls: [lora_copy]
 """
-LORA_COPY = """  lora_copy:
-    config: configs/lokra/matrix.yaml
-    overrides: {model.init_args.mode: lora, trainer.max_steps: 150, data.init_args.steps_per_epoch: 50}
-claims:
-"""
+VALUES = {
+    "zero": {"val/rel_err": {0: 1.0, 1: 1.0, 2: 1.0}},
+    "lora": {"val/rel_err": {0: 0.93, 1: 0.94, 2: 0.935}},
+    "plus": {"val/rel_err": {0: 0.1, 1: 0.11, 2: 0.12}, "val/delta_rank": {0: 64.0, 1: 64.0, 2: 64.0}},
+}
 
 
 def test_a_claim_that_cannot_tell_the_method_from_a_baseline_is_refused(tmp_path, capsys):
-    """The toy: a parity claim so loose that its control passes too (with the control's numbers in the
-    method's place the claim still holds), at record time on fresh numbers and at load time on recorded ones."""
-    text = TINY_CARD.replace("claims:\n", LORA_COPY, 1) + PARITY_CLAIM
-    path = write_card(tmp_path, text)
+    """Falsifiability over roles: "the method beats the floor" also holds for the baseline in the method's
+    place, so it says nothing of the method; refused at record time on fresh numbers and at load time on
+    recorded ones, and shown by --null. The claim's own compared runs are not stand-ins."""
+    path = write_card(tmp_path, TINY_CARD + BEATS_FLOOR)
     out = str(tmp_path / "repro")
     assert repro_main([str(path), "--out", out, "--record"]) == 2
-    assert "cannot tell plus from lora_copy" in capsys.readouterr().err
+    assert "cannot tell plus:val/rel_err from lora:val/rel_err" in capsys.readouterr().err
     assert "recorded" not in yaml.safe_load(path.read_text())  # nothing recorded
     card = load_card(path)
-    values = {
-        "plus": [0.1, 0.11, 0.12],
-        "lora": [1.0, 1.1, 0.9],
-        "lora_copy": [1.0, 1.1, 0.9],
-        "plus_rank": [64.0] * 3,
-    }
-    (problem,) = refutations(card, values)
-    assert "plus_matches_lora" in problem
-    tight = path.read_text().replace("margin_rel: 100.0", "margin_rel: 0.05")
-    assert refutations(load_card(write_card(tmp_path, tight, "tight.yaml")), values) == []
+    (problem,) = refutations(card, VALUES)
+    assert "plus_beats_zero" in problem and "add lora to its 'against'" in problem
+    fixed = TINY_CARD + BEATS_FLOOR.replace("against: [zero]", "against: [zero, lora]")
+    assert refutations(load_card(write_card(tmp_path, fixed, "fixed.yaml")), VALUES) == []
+    # a parity claim loose enough for the floor to pass it too
+    parity = load_card(write_card(tmp_path, TINY_CARD + PARITY_CLAIM, "parity.yaml"))
+    (problem,) = refutations(parity, VALUES)
+    assert "plus_matches_lora" in problem and "zero" in problem
+    tight = TINY_CARD + PARITY_CLAIM.replace("margin_rel: 100.0", "margin_rel: 0.05")
+    assert refutations(load_card(write_card(tmp_path, tight, "tight.yaml")), VALUES) == []
     recorded = yaml.safe_load(path.read_text())
     recorded["recorded"] = {
         "scale": "quick",
         "seeds": [0, 1, 2],
-        "results": {n: {"seeds": [0, 1, 2], "values": v} for n, v in values.items()},
+        "results": {
+            n: {"seeds": [0, 1, 2], "metrics": {m: {"values": list(v.values())} for m, v in ms.items()}}
+            for n, ms in VALUES.items()
+        },
     }
     path.write_text(yaml.safe_dump(recorded, sort_keys=False))
     with pytest.raises(
-        CardError, match="refused, on its recorded numbers: claim 'plus_matches_lora' cannot tell"
+        CardError, match="refused, on its recorded numbers: claim 'plus_beats_zero' cannot tell"
     ):
         load_card(path)
+    assert repro_main([str(path), "--null"]) == 2
+    shown = capsys.readouterr().out
+    assert "plus_beats_zero" in shown and "lora:val/rel_err" in shown and "HOLDS: refused" in shown
+    assert "plus_beats_lora                    pass     zero:val/rel_err" in shown  # checked, fails: fine
+
+
+def test_rejudge_writes_the_verdicts_of_the_recorded_numbers_under_amended_claims(tmp_path, capsys):
+    path = write_card(tmp_path)
+    recorded = yaml.safe_load(path.read_text())
+    recorded["recorded"] = {
+        "scale": "quick",
+        "seeds": [0, 1, 2],
+        "results": {
+            n: {"seeds": [0, 1, 2], "metrics": {m: {"values": list(v.values())} for m, v in ms.items()}}
+            for n, ms in VALUES.items()
+        },
+    }
+    path.write_text(yaml.safe_dump(recorded, sort_keys=False))
+    assert repro_main([str(path), "--rejudge"]) == 0
+    rec = load_card(path).recorded
+    assert rec["status"] == "reproduced" and rec["claims"]["plus_beats_lora"]["verdict"] == "pass"
+    sha = rec["claims_sha256"]
+    # the paper's effect was smaller than the interval: an amendment, then the status follows
+    text = path.read_text().replace("paper_effect: 0.5", "paper_effect: 0.05")
+    path.write_text(text)
+    assert repro_main([str(path), "--rejudge"]) == 2  # refused: no amendment
+    assert "no amendment says so" in capsys.readouterr().err
+    new_sha = load_card(path, check_preregistration=False).claims_sha256()
+    text = text.replace(
+        "recorded:",
+        f"amendments:\n- {{date: x, changed: paper_effect, why: y, old: '0.5', claims_sha256: {new_sha}}}\nrecorded:",
+    )
+    path.write_text(text)
+    assert repro_main([str(path), "--rejudge"]) == 0
+    rec = load_card(path).recorded
+    assert rec["status"] == "inconclusive" and rec["claims_sha256"] == sha  # the measured-under hash stays
 
 
 def test_welch_interval_matches_scipy():
@@ -252,12 +337,48 @@ def test_welch_interval_matches_scipy():
     assert welch_interval([1.0], [0.0, 0.1], sign=1.0)[1] == float("-inf")  # one seed proves nothing
 
 
-def test_card_status_from_claim_verdicts():
-    assert card_status([("better", "pass"), ("mechanism", "pass")]) == "reproduced"
-    assert card_status([("better", "pass"), ("parity", "fail")]) == "partial"
-    assert card_status([("better", "fail"), ("mechanism", "pass")]) == "not reproduced"
-    assert card_status([("better", "unrun"), ("mechanism", "pass")]) == "mechanism only"
-    assert card_status([("better", "skipped")]) == "not run"
+def test_paired_interval_matches_scipy():
+    from scipy import stats
+
+    a, b = [0.31, 0.35, 0.29, 0.4], [0.5, 0.42, 0.47, 0.45]
+    diff, low, high = paired_interval([x - y for x, y in zip(a, b)])
+    ci = stats.ttest_rel(a, b).confidence_interval(0.95)
+    assert (diff, low, high) == pytest.approx((sum(a) / 4 - sum(b) / 4, ci.low, ci.high))
+
+
+def _result(cid, verdict, headline=False, control=False, half=0.1, margin=0.0, effect=0.5, n=5):
+    comp = Comparison("b:m", 1, 0, 0, 0, n, n, 0.5, 0.5 - half, 0.5 + half, margin, paired=True, n_pairs=n)
+    return ClaimResult(
+        cid,
+        "better",
+        verdict,
+        headline=headline,
+        control=control,
+        comparisons=(comp,),
+        paper_effect=effect if headline else None,
+    )
+
+
+def test_card_status_the_headline_decides_and_controls_show_the_experiment_can_see():
+    control = _result("c", "pass", control=True)
+    assert card_status([_result("h", "pass", headline=True), control])[0] == "reproduced"
+    assert card_status([_result("h", "fail", headline=True), control])[0] == "not reproduced"
+    assert (
+        card_status([_result("h", "pass", headline=True), _result("c", "fail", control=True)])[0]
+        == "inconclusive"
+    )
+    assert card_status([_result("h", "fail", headline=True)])[0] == "inconclusive"  # no control
+    blind = _result("h", "pass", headline=True, half=0.3, margin=0.25)  # MDE 0.55 > 0.5
+    assert card_status([blind, control])[0] == "inconclusive"
+    few = _result("h", "pass", headline=True, half=0.3, n=3)  # interval 0.6 wide > 0.5 with 3 seeds
+    assert "< 5 seeds" in card_status([few, control])[1]
+    assert card_status([_result("h", "pass", headline=True, half=0.3, n=5), control])[0] == "reproduced"
+    # secondary claims never set the status
+    assert (
+        card_status([_result("h", "pass", headline=True), control, _result("s", "fail")])[0] == "reproduced"
+    )
+    gpu = ClaimResult("h", "better", "unrun", headline=True, reason="needs a GPU (requires: cuda)")
+    assert card_status([gpu, control]) == ("not testable at this scale", "h: needs a GPU (requires: cuda)")
 
 
 def test_seed_placeholder_in_overrides(tmp_path):
@@ -266,7 +387,7 @@ def test_seed_placeholder_in_overrides(tmp_path):
     text = TINY_CARD.replace(
         "overrides: {model.init_args.mode: lora,", 'overrides: {data.init_args.seed: "{seed}",', 1
     )
-    args = fit_args(load_card(write_card(tmp_path, text)), "lora", "quick", 7, tmp_path, [])
+    args = fit_args(load_card(write_card(tmp_path, text)), "zero", "quick", 7, tmp_path, [])
     assert "--data.init_args.seed=7" in args and "--seed_everything=7" in args
 
 
@@ -278,20 +399,34 @@ def test_seed_placeholder_in_overrides(tmp_path):
             "metric.mode",
         ),
         (("venue: test", "venue: test\nauthor: me"), "unknown keys \\['author'\\]"),
-        (("plus_rank:", "plus-rank:"), "must be an identifier"),
+        (("  plus:\n", "  plus-x:\n"), "must be an identifier"),
         (("against: [lora]", "against: [lorra]"), "claim 'plus_beats_lora' names unknown run 'lorra'"),
         (("margin: 0.1", "margin: -0.1"), "the margin must be >= 0"),
         (("kind: better", "kind: bigger"), "kind must be one of"),
-        (("kind: better", "kind: parity"), "name 'controls'"),
         (('    op: ">"\n', ""), "a mechanism claim needs"),
-        (("against: [lora]", "against: [plus_rank]"), "compares runs that read different metrics"),
+        (("    fails_if: a Khatri-Rao", "    note: a Khatri-Rao"), "needs 'fails_if'"),
+        (("against: [lora]", "against: [lora:val/delta_rank]"), "compares different metrics"),
         (("margin: 0.1", "margin: 0.1\n    same_units: maybe"), "same_units must be true or false"),
         (("seeds: [0, 1, 2]", "seeds: [0, 1]"), "at least 3 distinct seeds"),
         (("claim: LoKRA+ fits a diagonal target that LoRA cannot.\n", ""), "missing required key 'claim'"),
+        (("pairing: seed\n", ""), "missing required key 'pairing'"),
+        (("pairing: seed", "pairing: yes"), "pairing must be 'seed'"),
+        (("    role: floor\n", ""), "runs.zero.role must be one of"),
+        (("    role: floor\n", "    role: floor\n    mode: max\n"), "a run's 'mode' is gone"),
+        (("metrics: {val/delta_rank: max}\n", ""), "which 'metrics:' does not list"),
+        (("    headline: true\n    paper_effect: 0.5\n", ""), "no headline claim"),
+        (("    headline: true\n", ""), "paper_effect belongs to headline claims"),
+        (("    paper_effect: 0.5\n", ""), "needs 'paper_effect'"),
+        (("    control: true\n", ""), "no positive control"),
+        (
+            ("    method: lora\n    against: [zero]", "    method: zero\n    against: [lora]"),
+            "a positive control compares",
+        ),
+        (("    margin: 0.03\n", "    margin: 0.03\n    controls: [zero]\n"), "parity 'controls' are gone"),
         (
             (
-                "    config: configs/lokra/matrix.yaml\n    overrides: {model.init_args.mode: lora,",
-                "    overrides: {model.init_args.mode: lora,",
+                "    config: configs/lokra/matrix.yaml\n    overrides: {model.init_args.mode: lora, trainer",
+                "    overrides: {model.init_args.mode: lora, trainer",
             ),
             "runs.lora needs a 'config'",
         ),
@@ -306,12 +441,13 @@ def test_card_validation_names_the_problem(tmp_path, mutation, message):
 def test_same_units_lets_a_claim_compare_two_scalars_of_one_fit(tmp_path):
     """Two scalars of one kind (two orderings' AUCs logged by one analysis fit) may be compared when the claim
     says so; the refusal without it is tested above."""
-    text = TINY_CARD.replace("against: [lora]", "against: [plus_rank]", 1).replace(
+    text = TINY_CARD.replace("against: [lora]", "against: [lora:val/delta_rank]", 1).replace(
         "margin: 0.1", "margin: 0.1\n    same_units: true", 1
     )
     card = load_card(write_card(tmp_path, text), check_falsifiable=False)
     claim = next(c for c in card.claims if c.id == "plus_beats_lora")
-    assert claim.same_units and claim.against == ("plus_rank",)
+    assert claim.same_units and claim.against == (Ref("lora", "val/delta_rank"),)
+    assert card.metrics_of("lora") == ["val/rel_err", "val/delta_rank"]
 
 
 def test_override_args_format():
@@ -332,55 +468,75 @@ def test_invalid_card_path_is_reported(tmp_path, capsys):
     assert "no reproduction card at" in capsys.readouterr().err
 
 
+OPTIONAL_RUN = """  lokra:
+    role: ablation
+    optional: true
+    config: configs/lokra/matrix.yaml
+    overrides: {model.init_args.mode: lokra, trainer.max_steps: 150, data.init_args.steps_per_epoch: 50}
+claims:
+"""
+OPTIONAL_CLAIM = """  - id: lokra_is_full_rank
+    kind: mechanism
+    value: lokra:val/delta_rank
+    op: ">"
+    target: 8
+    fails_if: the Khatri-Rao product replaced by a matrix product
+"""
+
+
 def test_optional_runs_need_all_and_their_claims_are_skipped(tmp_path):
-    text = TINY_CARD.replace("    mode: max\n", "    mode: max\n    optional: true\n")
-    path = write_card(tmp_path, text)
+    path = write_card(tmp_path, TINY_CARD.replace("claims:\n", OPTIONAL_RUN, 1) + OPTIONAL_CLAIM)
     card = load_card(path)
     res = reproduce(card, out_root=tmp_path / "repro")
-    assert "plus_rank" not in res.runs and res.status == "reproduced"
-    assert [c.verdict for c in res.claims] == ["pass", "skipped"]
+    assert "lokra" not in res.runs and res.status == "reproduced"
+    assert [c.verdict for c in res.claims] == ["pass", "pass", "pass", "skipped"]
     repro_main([str(path), "--out", str(tmp_path / "repro"), "--record"])
     first = load_card(path).recorded
-    repro_main([str(path), "--out", str(tmp_path / "repro"), "--only", "plus_rank", "--record"])
+    repro_main([str(path), "--out", str(tmp_path / "repro"), "--only", "lokra", "--record"])
     rec = load_card(path).recorded
-    assert set(rec["results"]) == {"lora", "plus", "plus_rank"} and "from" in rec["results"]["lora"]
-    assert rec["claims"]["plus_beats_lora"]["verdict"] == "pass"  # earlier verdict kept, not "skipped"
+    assert set(rec["results"]) == {"zero", "lora", "plus", "lokra"} and "from" in rec["results"]["lora"]
+    # every claim judged on the merged numbers: the earlier runs' claims still pass, the new one now too
+    assert (
+        rec["claims"]["plus_beats_lora"]["verdict"] == "pass"
+        and rec["claims"]["lokra_is_full_rank"]["verdict"] == "pass"
+    )
     # a partial invocation keeps the card's command and timing; its own runs say where they come from
     assert "--only" not in rec["command"] and rec["wall_time_s"] == first["wall_time_s"]
-    assert "--only plus_rank" in rec["results"]["plus_rank"]["from"] and rec["status"] == "reproduced"
-    full = reproduce(card, out_root=tmp_path / "repro", include_optional=True)
-    assert full.runs["plus_rank"].mean == 64.0 and [c.verdict for c in full.claims] == ["pass", "pass"]
+    assert "--only lokra" in rec["results"]["lokra"]["from"] and rec["status"] == "reproduced"
 
 
 def test_jobs_run_in_worker_processes_with_the_same_numbers(tmp_path):
     card = load_card(write_card(tmp_path))
-    # 4 fits on 2 long-lived workers: each worker fits more than one run, one after another
+    # 6 fits on 2 long-lived workers: each worker fits more than one run, one after another
     parallel = reproduce(card, seeds=[0, 1], out_root=tmp_path / "par", jobs=2)
-    # `plus_rank` shares `plus`'s run: fitted by this invocation, so not "reused" (that means: from before)
     assert not any(r.reused for run in parallel.runs.values() for r in run.runs)
-    assert parallel.runs["plus_rank"].runs[0].run_dir == parallel.runs["plus"].runs[0].run_dir
     logs = tmp_path / "par" / "tiny" / "logs"
-    assert {p.name for p in logs.iterdir()} == {f"{r}-s{s}.log" for r in ("lora", "plus") for s in (0, 1)}
+    assert {p.name for p in logs.iterdir()} == {
+        f"{r}-s{s}.log" for r in ("zero", "lora", "plus") for s in (0, 1)
+    }
     serial = reproduce(card, seeds=[0, 1], out_root=tmp_path / "ser")  # one thread in-process too
     assert {n: r.values for n, r in parallel.runs.items()} == {n: r.values for n, r in serial.runs.items()}
     again = reproduce(card, seeds=[0, 1], out_root=tmp_path / "par", jobs=2)
     assert all(r.reused for run in again.runs.values() for r in run.runs)
 
 
-def test_every_shipped_card_has_claims_and_passes_the_falsifiability_check():
-    """load_card refuses a card whose recorded numbers let a baseline pass one of its comparative claims."""
+def test_every_shipped_card_is_judged_by_its_headline_under_controls():
+    """load_card refuses a card without roles, headline, paper_effect, control or pairing, one whose passing
+    claim a baseline or floor also passes, and one whose claims changed since recording without an amendment.
+    The recorded status is the one the recorded numbers give under the current claims (make readme agrees)."""
     for path in sorted((ROOT / "seeds").glob("*.yaml")):
         card = load_card(path)
-        assert card.claims, path.name
-        assert card.recorded.get("status") in ("reproduced", "partial", "not reproduced", "mechanism only"), (
+        v = verdict(card)
+        assert card.recorded.get("status") == v.status, (path.name, card.recorded.get("status"), v.status)
+        assert card.recorded.get("claims_sha256"), path.name
+        assert v.status in ("reproduced", "not reproduced", "inconclusive", "not testable at this scale"), (
             path
         )
         assert len(card.recorded.get("seeds", [])) >= 3, path.name
+        assert all(c.fails_if for c in card.claims if c.kind == "mechanism"), path.name
 
 
 def test_readme_methods_table_is_generated_from_the_cards():
-    from litlab.repro import cards_markdown
-
     readme = (ROOT / "README.md").read_text()
     begin, end = "<!-- cards:begin (make readme) -->\n", "<!-- cards:end -->"
     assert begin in readme and end in readme, "README lacks the generated methods table markers"
