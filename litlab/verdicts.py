@@ -6,24 +6,16 @@ Every row is judged afresh from the card's recorded per-seed numbers under its c
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from litlab.card_report import fmt
 from litlab.cards import Card, load_card
 from litlab.claims import ClaimResult, card_status, judge_recorded
 from litlab.lit_modules.core.errors import CardError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "—"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return "nan" if math.isnan(x) else (f"{x:.4g}" if abs(x) < 1e4 else f"{x:.3e}")
 
 
 @dataclass
@@ -45,7 +37,7 @@ class Verdict:
         return "<br>".join(
             f"`{h.id}`: {h.verdict}"
             + "".join(
-                f", d = {_fmt(c.diff)} [{_fmt(c.ci_low)}, {_fmt(c.ci_high)}] vs {c.against}"
+                f", d = {fmt(c.diff)} [{fmt(c.ci_low)}, {fmt(c.ci_high)}] vs {c.against}"
                 for c in h.comparisons
             )
             for h in self.headlines
@@ -55,7 +47,7 @@ class Verdict:
         return "<br>".join(f"`{c.id}` {c.verdict}" for c in self.controls) or "none at this scale"
 
     def mde_text(self) -> str:
-        parts = [f"{_fmt(h.mde)} vs {_fmt(h.paper_effect)}" for h in self.headlines if h.comparisons]
+        parts = [f"{fmt(h.mde)} vs {fmt(h.paper_effect)}" for h in self.headlines if h.comparisons]
         return "<br>".join(parts) or "—"
 
 
@@ -151,9 +143,7 @@ def list_cards(markdown: bool = False) -> int:
         v = verdict(card)
         head = ",".join(f"{h.id}:{h.verdict}" for h in v.headlines) or "-"
         control = "pass" if v.controls and all(c.verdict == "pass" for c in v.controls) else "FAIL"
-        mde = (
-            "; ".join(f"{_fmt(h.mde)} vs {_fmt(h.paper_effect)}" for h in v.headlines if h.comparisons) or "-"
-        )
+        mde = "; ".join(f"{fmt(h.mde)} vs {fmt(h.paper_effect)}" for h in v.headlines if h.comparisons) or "-"
         rec = card.recorded
         print(
             f"{slug:16s} {v.status:27s} {head[:34]:34s} {control:8s} {mde[:22]:22s} {v.n:3s} "
