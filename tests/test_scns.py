@@ -415,7 +415,7 @@ def test_report_writes_sample_grid_and_frontier(monkeypatch, tmp_path):
     def entry(name: str, run_dir: Path) -> RunResult:
         return RunResult(name, "val/forgetting", [0], [0.0], 0.0, 0.0, [SeedRun(0, 0.0, run_dir)])
 
-    runs = {"scns10_fg": scns_dir, "full_kv_fg": kv_dir, "scns1000_fg": sweep_dir}
+    runs = {"scns10": scns_dir, "full_kv": kv_dir, "scns1000": sweep_dir}
     result = CardResult(
         slug="scns",
         title="t",

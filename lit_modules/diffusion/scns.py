@@ -295,17 +295,17 @@ def report(result, out_dir):
     from litlab.lit_modules.diffusion.report import concept_samples_report, frontier_report
 
     runs = {
-        "full_kv_fg": "all K/V rows",
-        "topk_fg": "top-k saliency (CNS-like)",
-        "random_fg": "random rows",
-        "scns0_fg": "SCNS lambda 0",
-        "scns10_fg": "SCNS lambda 10",
-        "scns1000_fg": "SCNS lambda 1000",
-        "no_update_fg": "no update (control)",
+        "full_kv": "all K/V rows",
+        "topk": "top-k saliency (CNS-like)",
+        "random": "random rows",
+        "scns0": "SCNS lambda 0",
+        "scns10": "SCNS lambda 10",
+        "scns1000": "SCNS lambda 1000",
+        "no_update": "no update (control)",
     }
-    frontier = frontier_report(result, out_dir, "scns", runs, ["scns0_fg", "scns10_fg", "scns1000_fg"])
+    frontier = frontier_report(result, out_dir, "scns", runs, ["scns0", "scns10", "scns1000"])
     samples = concept_samples_report(
-        result, out_dir, "scns", {"scns10_fg": "SCNS lambda 10", "full_kv_fg": "all K/V rows"}
+        result, out_dir, "scns", {"scns10": "SCNS lambda 10", "full_kv": "all K/V rows"}
     )
     return ReportExtras(
         figures=[*frontier.figures, *samples.figures],
