@@ -321,7 +321,7 @@ def test_report_hook_tables_metrics_and_draws_the_frame_grid(short_fit, tmp_path
     seed_run = SeedRun(seed=0, value=metrics["val/psnr_k1"], run_dir=run_dir)
     runs = {
         name: RunResult(name, "val/psnr_k1", [0], [seed_run.value], seed_run.value, 0.0, [seed_run])
-        for name in ("bicubic_k1", "litevsr_k1")
+        for name in ("bicubic", "litevsr")
     }
     result = CardResult("litevsr", "t", "c", "quick", [0], "val/psnr_k1", "max", runs, "today", 1.0)
     extras = report(result, tmp_path)
@@ -368,6 +368,67 @@ def test_full_scale_trainable_fraction_on_meta():
     theta = sum(p.numel() for p in wan.parameters())
     assert theta == 1_418_996_800
     assert 0.10 <= sum(p.numel() for p in adapter.parameters()) / theta <= 0.14
+
+
+# ---- card invariants and mutations (issue 28) -----------------------------------------------------------------
+def test_quick_config_trainable_fraction_in_band():
+    """The card's former trainable_fraction_at_least / _at_most claims (seeds/litevsr.yaml): a configured
+    architecture's parameter count, so a test. The quick config's adapter over its backbone's transformer, as
+    ``TrainableFractionLogger`` logs it, is the recorded 0.130253 and inside the spec's band [0.08, 0.16]."""
+    cfg = yaml.safe_load((ROOT / "configs/litevsr/quick.yaml").read_text())["model"]["init_args"]
+    fields = set(TinyDiTConfig.__dataclass_fields__)
+    bb_cfg = TinyDiTConfig(**{k: v for k, v in cfg["backbone"].items() if k in fields})
+    torch.manual_seed(0)
+    bb = TinyDiT(bb_cfg).eval().requires_grad_(False)
+    model = LiteVSR(backbone=bb_cfg, adapter=cfg["adapter"])
+    model.backbone = bb
+    model.conditioner = model.build_conditioner()
+    count, frac = TrainableFractionLogger("backbone.transformer").measure(model)
+    assert count == sum(p.numel() for p in model.conditioner.adapter.parameters())
+    assert frac == pytest.approx(0.130253, abs=1e-6)
+    assert 0.08 <= frac <= 0.16
+
+
+def test_one_step_gap_mutation_sampler_skipping_the_last_step(monkeypatch):
+    """The card's mechanism claim one_step_near_eight: PSNR(K = 8) - PSNR(K = 1) <= 1 dB, measured as the
+    validation step measures it. With a velocity field that is straight (constant in x and sigma: what a fitted
+    flow-matching adapter approximates) every K of the real sampler lands on the same clean estimate (gap 0).
+    A plausible wrong sampler, a hand-written Euler loop over K - 1 of the grid's intervals (the last step to
+    sigma = 0 skipped), returns the noise at K = 1 but nearly the estimate at K = 8: the gap then exceeds the
+    claim's 1 dB."""
+    from torchmetrics.image import PeakSignalNoiseRatio
+
+    from litlab.lit_modules.diffusion.vsr import frames_01
+
+    model = module_for(tiny_backbone())
+    hq = clip(seed=5)
+    g = torch.Generator().manual_seed(6)
+    estimate = (hq + 0.3 * torch.randn(hq.shape, generator=g)).clamp(-1, 1)  # an imperfect clean estimate
+    eps = torch.randn(hq.shape, generator=g)
+    monkeypatch.setattr(model, "velocity", lambda x, sigma, state, x0_in, record=False: eps - estimate)
+
+    def gap() -> float:
+        psnr = {}
+        for k in (1, 8):
+            metric = PeakSignalNoiseRatio(data_range=1.0, dim=(1, 2, 3))
+            metric.update(frames_01(model.sample(estimate, k, eps.clone())), frames_01(hq))
+            psnr[k] = float(metric.compute())
+        return psnr[8] - psnr[1]
+
+    real = gap()
+    assert abs(real) <= 1e-3 and real <= 1.0  # the claim holds (K = 1 is as good as K = 8)
+
+    objective = model.objective
+
+    def skip_last_step(velocity, x, steps, on_step=None):
+        sched = objective.inference_scheduler(steps)
+        for i, t in enumerate(sched.timesteps[:-1]):
+            v = velocity(x, sched.sigmas[i].to(x.dtype).expand(len(x)), i)
+            x = sched.step(v, t, x, return_dict=False)[0]
+        return x
+
+    monkeypatch.setattr(objective, "euler_sample", skip_last_step)
+    assert gap() > 1.0  # the broken sampler fails the claim
 
 
 # ---- baselines -----------------------------------------------------------------------------------------

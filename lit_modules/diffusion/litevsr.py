@@ -137,10 +137,10 @@ def report(result, out_dir):
     from litlab.lit_modules.diffusion.report import vsr_report
 
     runs = {
-        "bicubic_k1": "bicubic",
-        "litevsr_k1": "LiteVSR",
-        "full_ft_k1": "full fine-tune",
-        "controlnet_k1": "ControlNet copy",
-        "structural_only_k1": "structural only",
+        "bicubic": "bicubic",
+        "litevsr": "LiteVSR",
+        "full_ft": "full fine-tune",
+        "controlnet": "ControlNet copy",
+        "structural_only": "structural only",
     }
     return vsr_report(result, out_dir, "litevsr", runs)
