@@ -369,7 +369,7 @@ def report(result, out_dir):
     first seed)."""
     from litlab.lit_modules.domain.report import feature_report, merge_extras, per_target_report
 
-    runs = [n for n in result.runs if not n.endswith(("_drift", "_confident"))]
+    runs = list(result.runs)
     keys = ["val/mae_scale", "val/mae_x", "val/mae_y"]
     panels = {
         "before: source-only (C->N)": "src_only_cn",
