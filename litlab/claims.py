@@ -20,8 +20,9 @@ The card's status is its headline claims' verdict (``card_status``):
 - ``reproduced``: every headline claim passes, and the experiment is sensitive;
 - ``not reproduced``: a headline claim fails, and the experiment is sensitive;
 - ``inconclusive``: a positive control fails (or none ran), or a headline's minimal detectable effect
-  (the 95 % interval's half-width plus the margin) is larger than the paper's effect, or its interval is wider
-  than the paper's effect with fewer than 5 seeds - whatever the method did;
+  (the 95 % interval's half-width plus the margin; for a parity claim, whose margin is an equivalence bound,
+  the half-width alone) is larger than the paper's effect, or its interval is wider than the paper's effect
+  with fewer than 5 seeds - whatever the method did;
 - ``not testable at this scale``: no headline claim is judged at this scale (``scales`` / ``requires``);
   ``not run`` when this invocation left out the runs a headline reads (``--only``).
 
@@ -67,6 +68,7 @@ class Comparison:
     margin: float  # in metric units (a relative margin resolved against this run's mean)
     paired: bool = False  # the interval is over per-seed differences (n = the seeds both sides have)
     n_pairs: int = 0
+    parity: bool = False  # a parity comparison: the margin is the equivalence bound, not an effect to clear
 
     @property
     def half_width(self) -> float:
@@ -74,8 +76,10 @@ class Comparison:
 
     @property
     def mde(self) -> float:
-        """The minimal detectable effect at this n: the interval's half-width plus the margin."""
-        return self.half_width + self.margin
+        """The minimal detectable effect at this n: the interval's half-width plus the margin a ``better``
+        claim must clear; for ``parity``, the half-width alone (the smallest deficit the interval resolves,
+        however loose the equivalence bound)."""
+        return self.half_width + (0.0 if self.parity else self.margin)
 
     @property
     def n(self) -> int:
@@ -196,6 +200,7 @@ def compare(
         margin=margin,
         paired=paired,
         n_pairs=len(common),
+        parity=claim.kind == "parity",
     )
 
 

@@ -377,6 +377,10 @@ def test_card_status_the_headline_decides_and_controls_show_the_experiment_can_s
     assert (
         card_status([_result("h", "pass", headline=True), control, _result("s", "fail")])[0] == "reproduced"
     )
+    # parity: the margin is the equivalence bound, so the MDE is the interval's half-width alone
+    comp = Comparison("b:m", 1, 0, 1, 0, 5, 5, 0.0, -0.1, 0.1, 0.5, paired=True, n_pairs=5, parity=True)
+    parity = ClaimResult("p", "parity", "pass", headline=True, comparisons=(comp,), paper_effect=0.5)
+    assert parity.mde == pytest.approx(0.1) and card_status([parity, control])[0] == "reproduced"
     gpu = ClaimResult("h", "better", "unrun", headline=True, reason="needs a GPU (requires: cuda)")
     assert card_status([gpu, control]) == ("not testable at this scale", "h: needs a GPU (requires: cuda)")
 
