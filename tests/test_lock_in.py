@@ -217,3 +217,128 @@ def test_lock_in_statistics_on_hand_made_trajectories():
     assert s["collapse_r2"] < 1.0  # the L2-SP run leaves the curve
     assert s["drift_ratio"] == pytest.approx(1.0) and s["final_witness"] == 1.0
     assert s["harm_spearman"] > 0.7
+
+
+# ---- mutation tests of the card's mechanism claims (seeds/lock_in.yaml) -------------------------------------
+# A quadratic stand-in for the card's fine-tuning, run through the module's own probes, projection and
+# statistics (``harm_signal``, ``project_out`` applied to the optimizer's step, ``lock_in_statistics``, what the
+# report hook computes per seed): broad loss L_B = c + ½ δᵀ H_B δ around the base θ0 (3 stiff eigenvalues 1.5-3,
+# the rest 0.002), a narrow task loss with many minimisers reached by full-batch SGD, evaluated every 15 of 150
+# steps. Each test shows the derived number meeting the card's target with the real code and violating it in the
+# broken variant named by the claim's fails_if.
+def _toy_base(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    V = torch.linalg.qr(torch.randn(100, 100, generator=g, dtype=torch.float64))[0]
+    lam = torch.full((100,), 0.002, dtype=torch.float64)
+    lam[:3] = torch.tensor([3.0, 2.0, 1.5], dtype=torch.float64)
+    theta0 = torch.randn(100, generator=g, dtype=torch.float64)
+    c = 2.55 + 0.2 * float(torch.randn(1, generator=g, dtype=torch.float64))
+    return {"H": V @ torch.diag(lam) @ V.T, "S": V[:, :3], "lam": lam[:3], "theta0": theta0, "c": c}
+
+
+def _toy_run(base, lr, l2sp=0.0, projected=False, basis=None, harm_of="displacement", steps=150, every=15):
+    g = torch.Generator().manual_seed(100)
+    A = torch.randn(10, 100, generator=g, dtype=torch.float64) / 10
+    th0 = base["theta0"]
+    b = A @ th0 + 1.2 * torch.randn(10, generator=g, dtype=torch.float64)  # the task's optimum: away from θ0
+    theta = th0.clone().requires_grad_(True)
+    opt = torch.optim.SGD([theta], lr=lr)
+    S = base["S"] if basis is None else basis
+    traj, prev = [], th0.clone()
+
+    def record(t):
+        th = theta.detach()
+        # the harm signal reads the displacement θ_t - θ0 (the module's _record); the mutation reads the last update
+        delta = th - th0 if harm_of == "displacement" else th - prev
+        lb = base["c"] + float(0.5 * (th - th0) @ base["H"] @ (th - th0))
+        traj.append(
+            {
+                "t": t,
+                "L_T": 2.0 + float(0.1 * (A @ th - b).pow(2).sum()),
+                "L_B": lb,
+                "drift": float((th - th0).norm()),
+                "h": LI.harm_signal(delta, base["lam"], base["S"]),
+                "dL_B": lb - (traj[0]["L_B"] if traj else lb),
+            }
+        )
+
+    record(0)
+    for t in range(1, steps + 1):
+        opt.zero_grad()
+        (0.1 * (A @ theta - b).pow(2).sum() + 0.5 * l2sp * (theta - th0).pow(2).sum()).backward()
+        prev = theta.detach().clone()
+        opt.step()
+        if projected:  # as LockInFT.optimizer_step: the optimizer's step, then step <- step - S Sᵀ step
+            with torch.no_grad():
+                theta.copy_(prev + LI.project_out(theta.detach() - prev, S))
+        if t % every == 0:
+            record(t)
+    return traj
+
+
+def _toy_statistics(harm_of="displacement", **projected_kw) -> dict:
+    base = _toy_base()
+    runs = {
+        "lr1e-4": {"lr": 0.03},
+        "lr3e-4": {"lr": 0.09},
+        "lr1e-3": {"lr": 0.3},
+        "l2sp": {"lr": 0.3, "l2sp": 0.05},
+    }
+    trajs = {label: _toy_run(base, harm_of=harm_of, **kw) for label, kw in runs.items()}
+    trajs["projected"] = _toy_run(base, 0.3, projected=True, **projected_kw)
+    return LI.lock_in_statistics(trajs)
+
+
+def test_mutation_drift_ratio_leaves_the_band_when_the_projection_is_broken(monkeypatch):
+    """projection_keeps_drift_low_end (drift_ratio >= 0.95) and _high_end (<= 1.05): the real projection keeps
+    the drift (1.005 here); keeping the stiff part instead of removing it (step <- S Sᵀ step) shrinks the update
+    below 0.95, and a basis whose columns are not unit vectors (norm 2) reflects and amplifies the stiff part
+    instead of removing it, above 1.05."""
+    real = _toy_statistics()["drift_ratio"]
+    assert 0.95 <= real <= 1.05, real
+    too_large = _toy_statistics(basis=2.0 * _toy_base()["S"])["drift_ratio"]
+    assert too_large > 1.05, too_large
+    monkeypatch.setattr(LI, "project_out", lambda step, vectors: vectors @ (vectors.T @ step))
+    kept = _toy_statistics()["drift_ratio"]
+    assert kept < 0.95, kept
+
+
+def test_mutation_no_paradox_witness_when_the_projection_is_a_no_op(monkeypatch):
+    """projection_is_a_paradox_witness (final_witness on every seed): with the real projection the plain and
+    projected runs end at equal drift (within 10 %) with broad-loss increases >= 1.5x apart; a projection that
+    changes nothing (the projected step lost, e.g. written to a copy of the parameters) leaves no witness."""
+    assert _toy_statistics()["final_witness"] == 1.0
+    monkeypatch.setattr(LI, "project_out", lambda step, vectors: step)
+    assert _toy_statistics()["final_witness"] == 0.0
+
+
+def test_mutation_harm_signal_of_the_last_update_neither_ranks_nor_explains_damage():
+    """harm_ranks_damage (Spearman of final h with final ΔL_B >= 0.8) and harm_explains_broad_loss (pooled R² of
+    L_B on h_t >= 0.85): the harm signal of the displacement θ_t - θ0 meets both; the same signal computed from
+    the last update θ_t - θ_(t-1) (a per-step probe mistaken for the cumulative one) meets neither."""
+    real = _toy_statistics()
+    assert real["harm_spearman"] >= 0.8 and real["harm_r2"] >= 0.85, real
+    per_step = _toy_statistics(harm_of="last update")
+    assert not per_step["harm_spearman"] >= 0.8 and per_step["harm_r2"] < 0.85, per_step
+
+
+def test_mutation_collapse_fitted_in_the_wrong_direction_finds_no_shared_curve(monkeypatch):
+    """stabilisers_lock_in (pooled R²_T >= 0.9): runs that differ only in step size and a mild L2-SP, on one
+    quadratic task, lie on one curve (R²_T ~ 1); fitting the curve with L_B non-decreasing in L_T (the isotonic
+    fit's direction swapped) finds none (R²_T < 0.9)."""
+    assert _toy_statistics()["collapse_r2"] >= 0.9
+    decreasing = LI.isotonic_decreasing
+    monkeypatch.setattr(LI, "isotonic_decreasing", lambda x, y: -decreasing(x, [-v for v in y]))
+    swapped = _toy_statistics()["collapse_r2"]
+    assert swapped < 0.9, swapped
+
+
+def test_report_hook_reads_runs_the_card_has():
+    """The report hook finds each trajectory under the card's run names (one run per fit since issue 28)."""
+    from pathlib import Path
+
+    from litlab.cards import load_card
+
+    card = load_card(Path(__file__).resolve().parent.parent / "seeds/lock_in.yaml")
+    assert set(LI.RUN_OF.values()) == set(card.runs)
+    assert card.report_hook == "litlab.lit_modules.analysis.lock_in:report"

@@ -641,8 +641,8 @@ def lock_in_statistics(trajectories: dict[str, list[dict]]) -> dict[str, float]:
     return out
 
 
-RUN_OF = {"lr1e-4": "lr1e4_LB", "lr3e-4": "lr3e4_LB", "lr1e-3": "lr1e3_LB", "l2sp": "l2sp_LB"}
-RUN_OF["projected"] = "projected_LB"
+# the card's run of each trajectory label (seeds/lock_in.yaml)
+RUN_OF = {"lr1e-4": "lr1e4", "lr3e-4": "lr3e4", "lr1e-3": "lr1e3", "l2sp": "l2sp", "projected": "projected"}
 
 
 def report(result, out_dir):
