@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass
 from litlab.cards import MIN_SEEDS_WIDE, STAND_IN_ROLES, Card, Claim, Ref
 
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
+RECORDED_DECIMALS = 6  # `--record` rounds every number to this many decimals
 STATUSES = ("reproduced", "not reproduced", "inconclusive", "not testable at this scale")
 # run -> metric -> seed -> value: what a reproduction measured, or what a card recorded
 Values = Mapping[str, Mapping[str, Mapping[int, float]]]
@@ -245,12 +246,16 @@ def evaluate_claim(
         base.reason = f"not measured in this invocation: {', '.join(missing)}"
         return base
     if claim.kind == "mechanism":
+        # judged at the precision the card records (6 decimals), so that a fresh run and its recording agree
+        # on a value at the target (a Spearman of exactly 0.8 computed as 0.79999999)
         if claim.value.startswith("derived."):
-            observed: float | list[float] = float(derived[claim.value.removeprefix("derived.")])
+            observed: float | list[float] = round(
+                float(derived[claim.value.removeprefix("derived.")]), RECORDED_DECIMALS
+            )
             ok = OPS[claim.op](observed, claim.target)
         else:
             assert claim.value_ref is not None
-            observed = [float(v) for v in _lookup(values, claim.value_ref).values()]
+            observed = [round(float(v), RECORDED_DECIMALS) for v in _lookup(values, claim.value_ref).values()]
             ok = all(OPS[claim.op](v, claim.target) for v in observed)
         base.value = observed
         base.verdict = "pass" if ok else "fail"
