@@ -42,7 +42,9 @@ what the maintainers measured (``recorded:``). Example::
 
 Roles: ``method`` (the paper's method), ``ablation`` (a variant of it), ``baseline`` (a method the paper
 compares against), ``floor`` (no or trivial adaptation) and ``ceiling`` (an upper bound). Falsifiability and
-positive controls are defined over them (``litlab.claims``).
+positive controls are defined over them (``litlab.claims``). A card that measures several tasks (two targets,
+two domain pairs, two budgets) gives each run its ``setting:``; a run stands in for a method only within the
+method's setting.
 
 Pre-registration: ``--record`` stores ``claims_sha256``, a hash of everything that decides a verdict (claims
 without their wording, roles, metrics, pairing). A card whose hash no longer matches is refused unless an
@@ -103,6 +105,9 @@ class RunSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     scale_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     metric: str | None = None  # this run's primary metric, where it does not log the card's
+    # the task a run measures, where a card holds several (a target, a domain pair, a budget): a run stands in
+    # for a method in the falsifiability check only within the method's setting
+    setting: str = ""
     scales: tuple[str, ...] = SCALES
     description: str = ""
     optional: bool = False  # a long run (e.g. a real model on CPU): only with --all or when named by --only
@@ -252,6 +257,7 @@ def claims_sha256(card: Card) -> str:
         "pairing": card.pairing,
         "metrics": dict(sorted(card.metrics.items())),
         "roles": {name: spec.role for name, spec in sorted(card.runs.items())},
+        "settings": {name: spec.setting for name, spec in sorted(card.runs.items()) if spec.setting},
         "claims": [
             {
                 "id": c.id,
@@ -325,6 +331,7 @@ def _parse_run(where: str, name: Any, spec: Any) -> RunSpec:
         overrides=dict(spec.get("overrides") or {}),
         scale_overrides=dict(spec.get("scale_overrides") or {}),
         metric=spec.get("metric"),
+        setting=str(spec.get("setting", "")),
         scales=scales,
         description=str(spec.get("description", "")),
         optional=bool(spec.get("optional", False)),

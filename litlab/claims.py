@@ -30,7 +30,7 @@ Secondary claims are reported with their verdicts and never set the status.
 
 Falsifiability (``refutations``): every passing comparative claim that is not a positive control is
 re-evaluated with the method's per-seed values replaced by each ``baseline`` and ``floor`` run of the card that
-has values of the same metric (besides the runs the claim compares with); a claim that still holds cannot tell
+has values of the same metric in the method's ``setting`` (besides the runs the claim compares with); a claim that still holds cannot tell
 the method from that run, and the card is refused. ``null_table`` lists every substitution
 (``litlab repro <slug> --null``).
 """
@@ -288,13 +288,16 @@ def evaluate_claim(
 
 def stand_ins(card: Card, claim: Claim, values: Values) -> list[Ref]:
     """The runs whose numbers replace the method's in the falsifiability check: every baseline and floor run
-    with values of the method's metric, and for ``same_units`` claims the compared sides too."""
+    of the method's setting with values of the method's metric, and for ``same_units`` claims the compared
+    sides too."""
     assert claim.method is not None
     compared = {a.run for a in claim.against}
+    setting = card.runs[claim.method.run].setting
     out = [
         Ref(name, claim.method.metric)
         for name, spec in card.runs.items()
         if spec.role in STAND_IN_ROLES
+        and spec.setting == setting
         and name != claim.method.run
         and name not in compared
         and _lookup(values, Ref(name, claim.method.metric)) is not None
