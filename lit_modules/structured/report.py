@@ -11,11 +11,11 @@ from pathlib import Path
 
 from litlab.lit_modules.core.results import CardResult, ReportExtras
 
-CURVES = {  # label -> the card entry whose fits log val/loss@<f>
+CURVES = {  # label -> the card run whose fits log val/loss@<f>
     "SALAAD (HPA)": "salaad",
     "post-hoc (dense run)": "dense",
-    "low-rank only (HPA)": "lowrank_b25",
-    "sparse only": "sparse_b25",
+    "low-rank only (HPA)": "lowrank",
+    "sparse only": "sparse",
 }
 
 
