@@ -431,14 +431,21 @@ class RegressionBaseline(L.LightningModule):
         return None
 
 
+def _mean_metric(run, metric: str) -> float:
+    """The mean over seeds of one metric of a card run (``RunResult.metrics``, else each seed's summary)."""
+    values = run.metrics.get(metric) or [float(r.summary_metrics()[metric]) for r in run.runs]
+    return sum(values) / len(values)
+
+
 def report(result: CardResult, out_dir) -> ReportExtras:
-    """``report_hook`` of seeds/spr_raft.yaml: the arg-max check of spec §7.7 (means over seeds; ``smol_…`` for the
-    SmolLM2 runs) and a table of every predictor's test MAE per run."""
+    """``report_hook`` of seeds/spr_raft.yaml: the arg-max margin of spec §7.7 (means over seeds; ``smol_…`` for the
+    SmolLM2 runs; the card's claim reads ``ce_only:test/mae_argmax`` itself) and a table of every predictor's test
+    MAE per run."""
     runs, numbers = result.runs, {}
     for prefix in ("", "smol_"):  # the char-GPT toy and SmolLM2-135M (optional runs)
-        if f"{prefix}ce_only_argmax" in runs and f"{prefix}spr_raft" in runs:
+        if f"{prefix}ce_only" in runs and f"{prefix}spr_raft" in runs:  # CE-only's arg-max MAE: the same fit
             numbers[f"{prefix}argmax_minus_hybrid_head"] = (
-                runs[f"{prefix}ce_only_argmax"].mean - runs[f"{prefix}spr_raft"].mean
+                _mean_metric(runs[f"{prefix}ce_only"], "test/mae_argmax") - runs[f"{prefix}spr_raft"].mean
             )
     lines = ["| run | head | grid | arg-max | mean(head, grid) |", "|---|---|---|---|---|"]
     for name in ("ce_only", "head_only", "spr_raft", "smol_ce_only", "smol_head_only", "smol_spr_raft"):
