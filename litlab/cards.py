@@ -257,7 +257,6 @@ def claims_sha256(card: Card) -> str:
         "pairing": card.pairing,
         "metrics": dict(sorted(card.metrics.items())),
         "roles": {name: spec.role for name, spec in sorted(card.runs.items())},
-        "settings": {name: spec.setting for name, spec in sorted(card.runs.items()) if spec.setting},
         "claims": [
             {
                 "id": c.id,
@@ -280,6 +279,9 @@ def claims_sha256(card: Card) -> str:
             for c in card.claims
         ],
     }
+    settings = {name: spec.setting for name, spec in sorted(card.runs.items()) if spec.setting}
+    if settings:  # (absent, not empty, in a card without settings: its hash is the one recorded before them)
+        decisive["settings"] = settings
     return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()
 
 

@@ -30,13 +30,15 @@ Secondary claims are reported with their verdicts and never set the status.
 
 Falsifiability (``refutations``): every passing comparative claim that is not a positive control is
 re-evaluated with the method's per-seed values replaced by each ``baseline`` and ``floor`` run of the card that
-has values of the same metric in the method's ``setting`` (besides the runs the claim compares with); a claim that still holds cannot tell
+has values of the same metric in the method's ``setting`` (besides the runs the claim compares with, except that in a parity claim with several references each
+baseline or floor among them is compared with the others); a claim that still holds cannot tell
 the method from that run, and the card is refused. ``null_table`` lists every substitution
 (``litlab repro <slug> --null``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import statistics
@@ -275,7 +277,7 @@ def evaluate_claim(
             else claim.paper_effect_rel * abs(c.against_mean)
             for c in comps
         ]
-        base.paper_effect = min(effects)
+        base.paper_effect = min(effects, default=None)
     if not ok:
         weak = [c for c in comps if not _comparison_holds(claim.kind, c)]
         base.reason = "; ".join(
@@ -304,7 +306,16 @@ def stand_ins(card: Card, claim: Claim, values: Values) -> list[Ref]:
     ]
     if claim.same_units:
         out += [a for a in claim.against if a.metric != claim.method.metric]
+    if claim.kind == "parity" and len(claim.against) > 1:
+        # being at parity with a baseline says nothing of the method when that baseline is at parity with the
+        # other references too: listing it among them must not hide it
+        out += [a for a in claim.against if card.runs[a.run].role in STAND_IN_ROLES]
     return out
+
+
+def _without(claim: Claim, ref: Ref) -> Claim:
+    """The claim with a stand-in taken out of its compared runs (a run compared with itself proves nothing)."""
+    return dataclasses.replace(claim, against=tuple(a for a in claim.against if a != ref))
 
 
 def null_table(card: Card, values: Values) -> list[tuple[Claim, ClaimResult, Ref, bool]]:
@@ -317,8 +328,9 @@ def null_table(card: Card, values: Values) -> list[tuple[Claim, ClaimResult, Ref
         if not actual.judged:
             continue
         for ref in stand_ins(card, claim, values):
+            checked = _without(claim, ref) if claim.kind == "parity" and ref in claim.against else claim
             swapped = evaluate_claim(
-                card, claim, values, {}, has_cuda=True, method_values=_lookup(values, ref)
+                card, checked, values, {}, has_cuda=True, method_values=_lookup(values, ref)
             )
             rows.append((claim, actual, ref, bool(swapped.holds)))
     return rows

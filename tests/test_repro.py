@@ -274,6 +274,10 @@ def test_a_claim_that_cannot_tell_the_method_from_a_baseline_is_refused(tmp_path
     )
     (problem,) = refutations(load_card(write_card(tmp_path, other_task, "other.yaml")), VALUES)
     assert "no baseline or floor run with values of val/rel_err could fail it" in problem
+    # listing the surviving floor among a parity claim's references does not hide it
+    hidden = TINY_CARD + PARITY_CLAIM.replace("against: [lora]", "against: [lora, zero]")
+    problems = refutations(load_card(write_card(tmp_path, hidden, "hidden.yaml")), VALUES)
+    assert any("cannot tell plus:val/rel_err from zero:val/rel_err" in p for p in problems), problems
     tight = TINY_CARD + PARITY_CLAIM.replace("margin_rel: 100.0", "margin_rel: 0.05")
     assert refutations(load_card(write_card(tmp_path, tight, "tight.yaml")), VALUES) == []
     recorded = yaml.safe_load(path.read_text())
