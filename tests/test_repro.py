@@ -489,12 +489,12 @@ OPTIONAL_RUN = """  lokra:
     overrides: {model.init_args.mode: lokra, trainer.max_steps: 150, data.init_args.steps_per_epoch: 50}
 claims:
 """
-OPTIONAL_CLAIM = """  - id: lokra_is_full_rank
+OPTIONAL_CLAIM = """  - id: lokra_fits_some
     kind: mechanism
-    value: lokra:val/delta_rank
-    op: ">"
-    target: 8
-    fails_if: the Khatri-Rao product replaced by a matrix product
+    value: lokra:val/rel_err
+    op: "<"
+    target: 1.0
+    fails_if: the adapter's gradients never reach its factors
 """
 
 
@@ -512,7 +512,7 @@ def test_optional_runs_need_all_and_their_claims_are_skipped(tmp_path):
     # every claim judged on the merged numbers: the earlier runs' claims still pass, the new one now too
     assert (
         rec["claims"]["plus_beats_lora"]["verdict"] == "pass"
-        and rec["claims"]["lokra_is_full_rank"]["verdict"] == "pass"
+        and rec["claims"]["lokra_fits_some"]["verdict"] == "pass"
     )
     # a partial invocation keeps the card's command and timing; its own runs say where they come from
     assert "--only" not in rec["command"] and rec["wall_time_s"] == first["wall_time_s"]
