@@ -438,3 +438,19 @@ def mismatches(card: Card, scale: str, measured: Values) -> list[str]:
                         f"{name} {metric} seed {seed}: measured {value:.6g}, recorded {per_seed[seed]:.6g}"
                     )
     return out
+
+
+def card_verdict(card: Card, results: list[ClaimResult], scale: str) -> tuple[str, str]:
+    """``card_status``, with the reason naming the headline claims another scale or a GPU would judge."""
+    status, reason = card_status(results)
+    if status == "not testable at this scale":
+        elsewhere = [c for c in card.headlines if scale not in c.scales]
+        reason = "; ".join(
+            [reason] * any(r.headline for r in results)
+            + [
+                f"{c.id} is judged at scale {'/'.join(c.scales)}"
+                + (f" (requires {c.requires})" if c.requires else "")
+                for c in elsewhere
+            ]
+        )
+    return status, reason

@@ -29,7 +29,7 @@ from litlab.card_report import plot, print_table, render_markdown
 from litlab.cards import Card, claims_sha256, load_card
 from litlab.claims import (
     ClaimResult,
-    card_status,
+    card_verdict,
     evaluate_claim,
     judge_recorded,
     mismatches,
@@ -394,7 +394,7 @@ def judge(card: Card, result: CardResult) -> None:
         evaluate_claim(card, c, values, result.extras.numbers, has_cuda=torch.cuda.is_available())
         for c in card.claims_for(result.scale)
     ]
-    result.status, result.status_reason = card_status(result.claims)
+    result.status, result.status_reason = card_verdict(card, result.claims, result.scale)
     result.regressions = regressions(card, result.scale, result.claims)
     result.refutations = refutations(card, values)
     result.mismatches = mismatches(card, result.scale, values)
@@ -471,7 +471,7 @@ def judged_block(card: Card, recorded: dict[str, Any], keep_hash: bool) -> dict[
 
     probe = dataclasses.replace(card, recorded=recorded)
     results = judge_recorded(probe, has_cuda=torch.cuda.is_available())
-    status, reason = card_status(results)
+    status, reason = card_verdict(card, results, str(recorded.get("scale", "quick")))
     head = {k: recorded[k] for k in ("date", "command", "scale", "seeds") if k in recorded}
     sha = (
         recorded.get("claims_sha256") if keep_hash and recorded.get("claims_sha256") else claims_sha256(card)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from litlab.card_report import fmt
 from litlab.cards import Card, load_card
-from litlab.claims import ClaimResult, card_status, judge_recorded
+from litlab.claims import ClaimResult, card_verdict, judge_recorded
 from litlab.lit_modules.core.errors import CardError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +53,7 @@ class Verdict:
 
 def verdict(card: Card) -> Verdict:
     results = judge_recorded(card)
-    status, reason = card_status(results)
+    status, reason = card_verdict(card, results, str(card.recorded.get("scale", "quick")))
     return Verdict(
         card=card,
         status=status,
