@@ -250,6 +250,20 @@ VALUES = {
 }
 
 
+def record_values(path, values):
+    """Write ``values`` (run -> metric -> seed -> value) into the card at ``path`` as its recorded block."""
+    card = yaml.safe_load(path.read_text())
+    card["recorded"] = {
+        "scale": "quick",
+        "seeds": [0, 1, 2],
+        "results": {
+            n: {"seeds": [0, 1, 2], "metrics": {m: {"values": list(v.values())} for m, v in ms.items()}}
+            for n, ms in values.items()
+        },
+    }
+    path.write_text(yaml.safe_dump(card, sort_keys=False))
+
+
 def test_a_claim_that_cannot_tell_the_method_from_a_baseline_is_refused(tmp_path, capsys):
     """Falsifiability over roles: "the method beats the floor" also holds for the baseline in the method's
     place, so it says nothing of the method; refused at record time on fresh numbers and at load time on
@@ -280,16 +294,7 @@ def test_a_claim_that_cannot_tell_the_method_from_a_baseline_is_refused(tmp_path
     assert any("cannot tell plus:val/rel_err from zero:val/rel_err" in p for p in problems), problems
     tight = TINY_CARD + PARITY_CLAIM.replace("margin_rel: 100.0", "margin_rel: 0.05")
     assert refutations(load_card(write_card(tmp_path, tight, "tight.yaml")), VALUES) == []
-    recorded = yaml.safe_load(path.read_text())
-    recorded["recorded"] = {
-        "scale": "quick",
-        "seeds": [0, 1, 2],
-        "results": {
-            n: {"seeds": [0, 1, 2], "metrics": {m: {"values": list(v.values())} for m, v in ms.items()}}
-            for n, ms in VALUES.items()
-        },
-    }
-    path.write_text(yaml.safe_dump(recorded, sort_keys=False))
+    record_values(path, VALUES)
     with pytest.raises(
         CardError, match="refused, on its recorded numbers: claim 'plus_beats_zero' cannot tell"
     ):
@@ -302,16 +307,7 @@ def test_a_claim_that_cannot_tell_the_method_from_a_baseline_is_refused(tmp_path
 
 def test_rejudge_writes_the_verdicts_of_the_recorded_numbers_under_amended_claims(tmp_path, capsys):
     path = write_card(tmp_path)
-    recorded = yaml.safe_load(path.read_text())
-    recorded["recorded"] = {
-        "scale": "quick",
-        "seeds": [0, 1, 2],
-        "results": {
-            n: {"seeds": [0, 1, 2], "metrics": {m: {"values": list(v.values())} for m, v in ms.items()}}
-            for n, ms in VALUES.items()
-        },
-    }
-    path.write_text(yaml.safe_dump(recorded, sort_keys=False))
+    record_values(path, VALUES)
     assert repro_main([str(path), "--rejudge"]) == 0
     rec = load_card(path).recorded
     assert rec["status"] == "reproduced" and rec["claims"]["plus_beats_lora"]["verdict"] == "pass"
