@@ -66,6 +66,9 @@ MUTATIONS = {
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_g_vec_falls_under_the_target_when_the_swap_is_built_wrong(cpt_pair, mutation, monkeypatch):
+    """The mutation test of vectors_keep_most_gain_math, vectors_keep_most_gain_code,
+    vectors_keep_most_gain_instruction and smol_vectors_keep_most_gain_math
+    (G_vec >= 0.8): the real swap satisfies it, a swap built wrong does not."""
     real = _g_vec(*cpt_pair)
     assert real >= TARGET, real  # the implementation satisfies vectors_keep_most_gain (measured 0.93)
     monkeypatch.setattr(S, "swap_vectors_from", MUTATIONS[mutation])

@@ -55,7 +55,9 @@ def fit(tmp_path, seed: int = 0, **kw) -> tuple[float, float]:
 
 # ---- first_step_gradient_ratio (>= 10) and premise_gap_dominates (rho_g >= 0.3), and their minilm_ twins --------
 def test_first_step_ratio_and_premise_fail_without_the_gap_direction(monkeypatch):
-    """Broken: the estimator's direction is not the gap (here a random unit vector), so B[:, 0] is not along it."""
+    """Broken: the estimator's direction is not the gap (here a random unit vector), so B[:, 0] is not along it.
+    The mutation test of first_step_gradient_ratio and premise_gap_dominates, and of their MiniLM versions
+    (minilm_first_step_gradient_ratio, minilm_premise_gap_dominates), which measure the same estimator."""
     _, peft_B = first_grads(built(init="peft_default"))
     real = built(init="gap")
     real_A, _ = first_grads(real)

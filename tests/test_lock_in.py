@@ -290,7 +290,7 @@ def _toy_statistics(harm_of="displacement", **projected_kw) -> dict:
 
 
 def test_mutation_drift_ratio_leaves_the_band_when_the_projection_is_broken(monkeypatch):
-    """projection_keeps_drift_low_end (drift_ratio >= 0.95) and _high_end (<= 1.05): the real projection keeps
+    """projection_keeps_drift_low_end (drift_ratio >= 0.95) and projection_keeps_drift_high_end (<= 1.05): the real projection keeps
     the drift (1.005 here); keeping the stiff part instead of removing it (step <- S Sᵀ step) shrinks the update
     below 0.95, and a basis whose columns are not unit vectors (norm 2) reflects and amplifies the stiff part
     instead of removing it, above 1.05."""

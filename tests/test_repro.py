@@ -546,6 +546,21 @@ def test_every_shipped_card_is_judged_by_its_headline_under_controls():
         assert all(c.fails_if for c in card.claims if c.kind == "mechanism"), path.name
 
 
+def test_every_mechanism_claim_names_its_mutation_test():
+    """A mechanism claim stays in a card only where a plausible wrong implementation fails it: its fails_if says
+    which, and a test in tests/ (naming the claim) builds that variant and shows the measurement failing."""
+    sources = "\n".join(
+        p.read_text() for p in (ROOT / "tests").glob("test_*.py") if p.name != "test_repro.py"
+    )
+    missing = [
+        f"{path.stem}: {claim.id}"
+        for path in sorted((ROOT / "seeds").glob("*.yaml"))
+        for claim in load_card(path).claims
+        if claim.kind == "mechanism" and claim.id not in sources
+    ]
+    assert not missing, f"mechanism claims without a mutation test naming them: {missing}"
+
+
 def test_readme_methods_table_is_generated_from_the_cards():
     readme = (ROOT / "README.md").read_text()
     begin, end = "<!-- cards:begin (make readme) -->\n", "<!-- cards:end -->"
