@@ -523,7 +523,18 @@ def record_into_card(card: Card, res: CardResult, command: str) -> None:
                 "from": entry.get("from") or f"{earlier.get('date')}: {earlier.get('command')}",
             }
     default_runs = {n for n, r in card.runs_for(res.scale).items() if not r.optional}
-    if earlier and not default_runs <= set(res.runs):
+    if (
+        earlier
+        and res.total_runs
+        and res.reused_runs == res.total_runs
+        and set(earlier.get("seeds") or []) == set(res.seeds)
+    ):
+        # nothing fitted (the card's claims or metrics changed, the runs did not): the timing stays that of the
+        # recording that fitted them
+        for key in ("date", "command", "wall_time_s", "reused_runs"):
+            if key in earlier:
+                block[key] = earlier[key]
+    elif earlier and not default_runs <= set(res.runs):
         # a partial invocation (--only): the card's date, command and timing stay those of its last full
         # one; the runs measured now say where they come from
         for key in ("date", "command", "wall_time_s", "reused_runs"):
