@@ -34,11 +34,13 @@ class Verdict:
         return ", ".join(map(str, ns)) or "—"
 
     def headline_text(self) -> str:
+        many = len(self.headlines) > 1
         return "<br>".join(
-            f"`{h.id}`: {h.verdict}"
+            (f"`{h.id}` " if many else "")
+            + h.verdict
             + "".join(
-                f", d = {fmt(c.diff)} [{fmt(c.ci_low)}, {fmt(c.ci_high)}] vs {c.against}"
-                for c in h.comparisons
+                f"{',' if i else ':'} d = {fmt(c.diff)} [{fmt(c.ci_low)}, {fmt(c.ci_high)}] vs {c.against.split(':')[0]}"
+                for i, c in enumerate(h.comparisons)
             )
             for h in self.headlines
         )
