@@ -1,4 +1,4 @@
-"""SCNS §7.8 effect checks (slow): the card's claims on a fresh 3-seed run of every method, from an empty run
+"""SCNS §7.8 effect checks (slow): the card's claims on a fresh run of every method at the card's seeds, from an empty run
 folder (``litlab repro scns --all``). Each claim is a test; the ones the recorded card reports as not reproduced
 are strict xfails, so a change that makes them pass (or breaks a passing one) shows up here."""
 
@@ -23,7 +23,7 @@ CLAIMS = [
     "forgetting_falls_lambda_10_to_1000",
 ]
 # as judged on the numbers recorded in seeds/scns.yaml (paired intervals, issue 28): the control, top-k parity of
-# plasticity and the lambda 10 -> 1000 risk drop pass; the rest fail at n = 3
+# plasticity and the lambda 10 -> 1000 risk drop (below random rows' too) pass; the rest fail at n = 5
 PASSING = {"all_rows_learn_more_than_no_update", "keeps_topk_plasticity", "risk_falls_lambda_10_to_1000"}
 NOT_REPRODUCED = set(CLAIMS) - PASSING
 
