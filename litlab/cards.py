@@ -67,6 +67,16 @@ import yaml
 
 from litlab.lit_modules.core.errors import CardError
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def project_path(relative: str | Path) -> Path:
+    """A card's or a config's file: the user's project (the working directory) first, then litlab's own tree,
+    so users keep their own cards and configs in their own repository."""
+    local = Path.cwd() / relative
+    return local if local.exists() else PROJECT_ROOT / relative
+
+
 Scale = Literal["quick", "full"]
 SCALES: tuple[str, ...] = ("quick", "full")
 CLAIM_KINDS = ("better", "parity", "mechanism")

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from litlab.card_report import plot, print_table, render_markdown
-from litlab.cards import Card, claims_sha256, load_card
+from litlab.cards import Card, claims_sha256, load_card, project_path
 from litlab.claims import (
     ClaimResult,
     card_verdict,
@@ -41,23 +41,11 @@ from litlab.claims import (
 from litlab.lit_modules.core.errors import CardError, ResourceUnavailableError
 from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult, SeedRun
-from litlab.verdicts import cards_markdown, list_cards  # noqa: F401  (`make readme`, the list)
+from litlab.verdicts import list_cards
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Many runs in one terminal: a table at the end says more than a progress bar per run (none of these
 # change what a run computes, so they leave its identity hash alone).
 QUIET_RUN_ARGS = ("--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false")
-
-
-def seeds_dir() -> Path:
-    return PROJECT_ROOT / "seeds"
-
-
-def project_path(relative: str | Path) -> Path:
-    """A card's or a config's file: the user's project (the working directory) first, then litlab's own tree,
-    so users keep their own cards and configs in their own repository."""
-    local = Path.cwd() / relative
-    return local if local.exists() else PROJECT_ROOT / relative
 
 
 def override_args(overrides: dict[str, Any]) -> list[str]:
@@ -523,18 +511,7 @@ def record_into_card(card: Card, res: CardResult, command: str) -> None:
                 "from": entry.get("from") or f"{earlier.get('date')}: {earlier.get('command')}",
             }
     default_runs = {n for n, r in card.runs_for(res.scale).items() if not r.optional}
-    if (
-        earlier
-        and res.total_runs
-        and res.reused_runs == res.total_runs
-        and set(earlier.get("seeds") or []) == set(res.seeds)
-    ):
-        # nothing fitted (the card's claims or metrics changed, the runs did not): the timing stays that of the
-        # recording that fitted them
-        for key in ("date", "command", "wall_time_s", "reused_runs"):
-            if key in earlier:
-                block[key] = earlier[key]
-    elif earlier and not default_runs <= set(res.runs):
+    if earlier and not default_runs <= set(res.runs):
         # a partial invocation (--only): the card's date, command and timing stay those of its last full
         # one; the runs measured now say where they come from
         for key in ("date", "command", "wall_time_s", "reused_runs"):

@@ -11,11 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from litlab.card_report import fmt
-from litlab.cards import Card, load_card
+from litlab.cards import PROJECT_ROOT, Card, load_card
 from litlab.claims import ClaimResult, card_verdict, judge_recorded
 from litlab.lit_modules.core.errors import CardError
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
