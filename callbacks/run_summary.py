@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from litlab.lit_modules.core.io import atomic_write_json
+from litlab.lit_modules.core.seeding import seed_ledger
 
 
 class RunSummary(L.Callback):
@@ -49,6 +50,8 @@ class RunSummary(L.Callback):
             "global_step": trainer.global_step,
             "epoch": trainer.current_epoch,
             "wall_time_s": round(time.time() - self._started, 3),
+            # the run seed, each component's derived seed and each cached artefact's fingerprint
+            "seed_ledger": seed_ledger(),
         }
         attempt = {k: record[k] for k in ("status", "global_step", "epoch", "wall_time_s")} | {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self._started))

@@ -50,8 +50,12 @@ Pre-registration: ``--record`` stores ``claims_sha256``, a hash of everything th
 without their wording, roles, metrics, pairing). A card whose hash no longer matches is refused unless an
 ``amendments:`` entry carries the new hash (and says what changed, why, and the old value).
 
-``"{seed}"`` inside an override value is replaced by the card seed of the fit, so that data generation,
-prompt sets and locally pre-trained models follow the seed as well as ``seed_everything`` does.
+Seeds: a card seed is the run's one seed (``seed_everything``); nothing in ``overrides`` is a seed. Each random
+component of a run (data, backbone, prompts, environment, init) derives its own stream from it by name
+(``litlab.lit_modules.core.seeding.derive_seed``) and the run's ``summary.json`` keeps the ledger. A component
+that is the same for every seed on purpose (a real pre-trained model, a fixed target) is listed, with the
+reason, under ``shared: {component: why}``; any other component whose seed or fingerprint repeats across the
+card's seeds refuses the card (``check_seed_ledgers``).
 """
 
 from __future__ import annotations
@@ -125,20 +129,18 @@ class RunSpec:
     def config_path(self, scale: str) -> str:
         return self.config.format(scale=scale)
 
-    def all_overrides(self, scale: str, seed: int | None = None) -> dict[str, Any]:
-        merged = {**self.overrides, **self.scale_overrides.get(scale, {})}
-        return merged if seed is None else {k: substitute_seed(v, seed) for k, v in merged.items()}
+    def all_overrides(self, scale: str) -> dict[str, Any]:
+        return {**self.overrides, **self.scale_overrides.get(scale, {})}
 
 
-def substitute_seed(value: Any, seed: int) -> Any:
-    """``"{seed}"`` -> the seed (an int); ``"x-{seed}"`` -> ``"x-3"``; containers recursively."""
-    if isinstance(value, str) and "{seed}" in value:
-        return seed if value == "{seed}" else value.replace("{seed}", str(seed))
+def _templated_seed(value: Any) -> bool:
+    if isinstance(value, str):
+        return "{seed}" in value
     if isinstance(value, dict):
-        return {k: substitute_seed(v, seed) for k, v in value.items()}
+        return any(_templated_seed(v) for v in value.values())
     if isinstance(value, list):
-        return [substitute_seed(v, seed) for v in value]
-    return value
+        return any(_templated_seed(v) for v in value)
+    return False
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,8 @@ class Card:
     paper_numbers: str = ""
     status_note: str = ""
     report_hook: str = ""  # "module:function", see litlab.repro.call_report_hook
+    # seed components that are the same for every card seed on purpose -> why (see check_seed_ledgers)
+    shared: dict[str, str] = field(default_factory=dict)
     path: Path | None = None
 
     def runs_for(self, scale: str) -> dict[str, RunSpec]:
@@ -314,6 +318,7 @@ _CARD_KEYS = {
     "paper_numbers",
     "status_note",
     "report_hook",
+    "shared",
 }
 _GONE = {
     "controls": "parity 'controls' are gone: every run with role baseline or floor is a stand-in (litlab.claims)",
@@ -329,6 +334,13 @@ def _parse_run(where: str, name: Any, spec: Any) -> RunSpec:
     if "mode" in spec:
         raise CardError(f"{where}: runs.{name}: {_GONE['mode']}")
     bad = set(spec) - _RUN_KEYS
+    for key, value in {**(spec.get("overrides") or {}), **_flat(spec.get("scale_overrides"))}.items():
+        if _templated_seed(value):
+            raise CardError(
+                f"{where}: runs.{name}.overrides.{key} = {value!r}: seeds are not templated; a run has one seed "
+                "(the card seed, seed_everything) and each component derives its stream from it "
+                "(litlab.lit_modules.core.seeding.derive_seed): remove the override"
+            )
     if bad:
         raise CardError(f"{where}: runs.{name} has unknown keys {sorted(bad)}; allowed: {sorted(_RUN_KEYS)}")
     if spec.get("role") not in ROLES:
@@ -348,6 +360,41 @@ def _parse_run(where: str, name: Any, spec: Any) -> RunSpec:
         description=str(spec.get("description", "")),
         optional=bool(spec.get("optional", False)),
     )
+
+
+def _flat(scale_overrides: Any) -> dict[str, Any]:
+    return {k: v for per in (scale_overrides or {}).values() if isinstance(per, dict) for k, v in per.items()}
+
+
+def check_seed_ledgers(card: Card, ledgers: dict[str, dict[int, dict[str, Any] | None]]) -> list[str]:
+    """Problems with the runs' seed ledgers (run -> card seed -> ``summary.json``'s ``seed_ledger``): a run
+    without one, a run seed that is not its card seed, or a component whose derived seed or artefact
+    fingerprint repeats across card seeds while the card does not declare it ``shared``."""
+    problems = []
+    for run, by_seed in ledgers.items():
+        missing = sorted(s for s, ledger in by_seed.items() if not ledger)
+        if missing:
+            problems.append(f"run {run} seeds {missing}: summary.json has no seed_ledger (a run from before "
+                            "litlab recorded one: delete its folder and run it again)")
+            continue
+        for s, ledger in by_seed.items():
+            if ledger.get("run_seed") not in (None, s):
+                problems.append(f"run {run} seed {s}: its ledger says run seed {ledger.get('run_seed')}")
+        for kind in ("components", "artefacts"):
+            names = set().union(*(ledger.get(kind, {}) for ledger in by_seed.values()))
+            for comp in sorted(names - set(card.shared)):
+                seen: dict[Any, list[int]] = {}
+                for s, ledger in sorted(by_seed.items()):
+                    if comp in ledger.get(kind, {}):
+                        seen.setdefault(ledger[kind][comp], []).append(s)
+                repeats = [seeds for seeds in seen.values() if len(seeds) > 1]
+                if repeats:
+                    what = "seed" if kind == "components" else "artefact fingerprint"
+                    problems.append(
+                        f"run {run}: component {comp!r} has the same {what} for card seeds {repeats[0]}; "
+                        f"every seed must vary it, or the card declares it under 'shared: {{{comp}: why}}'"
+                    )
+    return problems
 
 
 def _ref(at: str, text: Any, claim_metric: str, runs: dict[str, RunSpec], card_metric: str) -> Ref:
@@ -621,6 +668,7 @@ def load_card(path: str | Path, check_falsifiable: bool = True, check_preregistr
         paper_numbers=str(raw.get("paper_numbers", "")),
         status_note=str(raw.get("status_note", "")),
         report_hook=hook,
+        shared=_parse_shared(where, raw.get("shared")),
         path=path,
     )
     if check_preregistration:
@@ -633,6 +681,14 @@ def load_card(path: str | Path, check_falsifiable: bool = True, check_preregistr
         if problems:
             raise CardError(f"{where}: refused, on its recorded numbers: " + "; ".join(problems))
     return card
+
+
+def _parse_shared(where: str, raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(v, str) and v.strip() for v in raw.values()):
+        raise CardError(f"{where}: 'shared' maps each seed component shared by every seed to why, got {raw!r}")
+    return {str(k): v for k, v in raw.items()}
 
 
 def check_preregistered(card: Card) -> None:

@@ -43,6 +43,7 @@ from litlab.callbacks.exact_resume import ExactResume
 from litlab.callbacks.run_summary import RunSummary, record_failed_attempt
 from litlab.callbacks.save_adapters import SaveAdapters
 from litlab.lit_modules.core.errors import unavailable_cause
+from litlab.lit_modules.core.seeding import reset_ledger
 from litlab.runs import RunLock, SafeCheckpointIO, default_run_id, wandb_mode
 
 
@@ -121,6 +122,7 @@ class LitlabCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self._section()
         seed = cfg.get("seed_everything")
+        reset_ledger(seed if isinstance(seed, int) and seed is not False else None)  # one ledger per run
         run_id = cfg.get("run_id") or default_run_id(cfg.as_dict(), seed if seed is not False else None)
         self.run_dir = Path(cfg.runs_dir) / self._experiment_name(cfg) / run_id
         if self.skip_finished and _finished(self.run_dir):

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from litlab.card_report import plot, print_table, render_markdown
-from litlab.cards import Card, claims_sha256, load_card, project_path
+from litlab.cards import Card, check_seed_ledgers, claims_sha256, load_card, project_path
 from litlab.claims import (
     ClaimResult,
     card_verdict,
@@ -64,33 +64,65 @@ def _finish_wandb_run() -> None:
         sys.modules["wandb"].finish()
 
 
-def fit_args(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class FitRequest:
+    """One fit of a card (a run at a seed): built once, passed to a ``--jobs`` worker as this object (JSON),
+    and turned into LightningCLI's arguments only where it is fitted (``cli_args``)."""
+
+    run: str
+    seed: int  # the run's one seed (seed_everything); every component derives its stream from it
+    config: str
+    overrides: dict[str, Any]
+    experiment: str
+    runs_dir: str
+    extra: tuple[str, ...] = ()
+
+    def cli_args(self) -> list[str]:
+        return [
+            "fit",
+            f"--config={self.config}",
+            *override_args(self.overrides),
+            f"--seed_everything={self.seed}",
+            f"--experiment={self.experiment}",
+            f"--runs_dir={self.runs_dir}",
+            *QUIET_RUN_ARGS,
+            *self.extra,
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> FitRequest:
+        return cls(**{**raw, "extra": tuple(raw.get("extra") or ())})
+
+
+def fit_request(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> FitRequest:
     spec = card.runs[run_name]
     config = project_path(spec.config_path(scale))
     if not config.exists():
         raise CardError(f"{card.path}: runs.{run_name} config {config} does not exist")
-    return [
-        "fit",
-        f"--config={config}",
-        *override_args(spec.all_overrides(scale, seed)),
-        f"--seed_everything={seed}",
-        f"--experiment={Path(spec.config_path(scale)).stem}",
-        f"--runs_dir={out_dir}",
-        *QUIET_RUN_ARGS,
-        *extra,
-    ]
+    return FitRequest(
+        run=run_name,
+        seed=int(seed),
+        config=str(config),
+        overrides=spec.all_overrides(scale),
+        experiment=Path(spec.config_path(scale)).stem,
+        runs_dir=str(out_dir),
+        extra=tuple(extra),
+    )
 
 
 _CHILD_REUSED = 3  # exit code of a child whose run had already finished
 
 
-def _child_fit(args: list[str]) -> int:
+def _child_fit(request: FitRequest) -> int:
     """One fit in a ``--jobs`` worker, skipped when it already finished."""
     from litlab.cli import LitlabCLI, RunAlreadyFinished
 
     sys.argv = sys.argv[:1]  # the args come as `args`; LightningCLI warns when they come from both places
     try:
-        LitlabCLI(args=args, skip_finished=True)
+        LitlabCLI(args=request.cli_args(), skip_finished=True)
     except RunAlreadyFinished:
         return _CHILD_REUSED
     finally:
@@ -116,7 +148,7 @@ def _exit_with_parent(poll_s: float = 1.0) -> None:
 
 def _worker_loop() -> int:
     """A ``--jobs`` worker process: imports once (litlab.cli imports every method module: seconds), then fits
-    one task per line of stdin (``{"args": [...], "log": path}``), each with its output in its own log file,
+    one task per line of stdin (``{"request": FitRequest as JSON, "log": path}``), each with its output in its own log file,
     and answers each task's exit code on a line of its stdout, exactly as a process per fit would (in-process
     fits one after another are what ``--jobs 1`` does)."""
     import os
@@ -137,7 +169,7 @@ def _worker_loop() -> int:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
             try:
-                code = _child_fit(task["args"])
+                code = _child_fit(FitRequest.from_json(task["request"]))
             except SystemExit as stop:
                 code = stop.code if isinstance(stop.code, int) else 1
             except BaseException:  # the run's error goes to its log; the worker takes the next task
@@ -150,8 +182,8 @@ def _worker_loop() -> int:
     return 0
 
 
-def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path) -> set[str]:
-    """Fit each distinct argument list in a pool of ``workers`` processes; returns the keys that ran.
+def fit_in_subprocesses(jobs: dict[str, FitRequest], workers: int, log_dir: Path) -> set[str]:
+    """Fit each distinct request in a pool of ``workers`` processes; returns the keys that ran.
 
     Separate processes, one thread each, are how a 20-run card uses every core: in one process the runs of a
     card are sequential and tiny models cannot keep two cores busy. Each worker lives for the whole card (one
@@ -191,7 +223,7 @@ def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path)
                     key = pending.get_nowait()
                 except queue.Empty:
                     break
-                proc.stdin.write(json.dumps({"args": jobs[key], "log": str(log_dir / f"{key}.log")}) + "\n")
+                proc.stdin.write(json.dumps({"request": jobs[key].to_json(), "log": str(log_dir / f"{key}.log")}) + "\n")
                 proc.stdin.flush()
                 answer = proc.stdout.readline()
                 if not answer:  # the worker died (killed, out of memory): the rest go to another worker
@@ -219,19 +251,20 @@ def fit_in_subprocesses(jobs: dict[str, list[str]], workers: int, log_dir: Path)
     return ran
 
 
-def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> SeedRun:
+def run_one(card: Card, request: FitRequest) -> SeedRun:
     """One LightningCLI fit; returns its summary (reused when it already finished)."""
+    import torch
+
     from litlab.cli import LitlabCLI, RunAlreadyFinished  # see _child_fit
 
-    args = fit_args(card, run_name, scale, seed, out_dir, extra)
-    import torch
+    run_name, seed = request.run, request.seed
 
     reused = True
     argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when args come from both places
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a --jobs worker: float sums round by thread count
     try:
-        cli = LitlabCLI(args=args, skip_finished=True)
+        cli = LitlabCLI(args=request.cli_args(), skip_finished=True)
         run_dir = cli.run_dir
         reused = False
     except RunAlreadyFinished as done:
@@ -255,19 +288,16 @@ def run_one(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, ext
     )
 
 
-def validate_runs(
-    card: Card, runs: dict[str, Any], scale: str, seeds: list[int], out_dir: Path, extra: list[str]
-) -> None:
-    """Resolve and parse every run's config (with the first seed's overrides) through the ``litlab fit`` parser
+def validate_runs(card: Card, requests: dict[str, list[FitRequest]], scale: str) -> None:
+    """Resolve and parse every run's config (at its first seed) through the ``litlab fit`` parser
     before the first fit, so that a card whose last run names a missing file or a bad key stops at once with
     that run's name instead of after the runs before it trained. (Claims are checked when the card loads.)"""
     from litlab.cli import check_fit_args
     from litlab.lit_modules.core.errors import ConfigError
 
-    for name in runs:
-        args = fit_args(card, name, scale, seeds[0] if seeds else 0, out_dir, extra)  # CardError: no config
+    for name, per_seed in requests.items():
         try:
-            check_fit_args(args)
+            check_fit_args(per_seed[0].cli_args())
         except ConfigError as err:
             raise CardError(
                 f"{card.path}: runs.{name}: {card.runs[name].config_path(scale)} is refused: {err}"
@@ -296,24 +326,27 @@ def reproduce(
     elif not include_optional:
         runs = {n: r for n, r in runs.items() if not r.optional}
     out_dir = out_root / card.slug
-    validate_runs(card, runs, scale, seeds, out_dir, list(extra or []))
+    # every (run, seed) becomes one request, once (CardError here: a config that does not exist)
+    requests = {n: [fit_request(card, n, scale, s, out_dir, list(extra or [])) for s in seeds] for n in runs}
+    if seeds:
+        validate_runs(card, requests, scale)
     started = time.time()
     fitted_here: set[Path] = set()  # run folders fitted by this invocation (shared by entries of one run)
-    ran_args: list[list[str]] = []  # argument lists the --jobs workers fitted
+    worker_fitted: set[FitRequest] = set()
     if jobs > 1:
-        distinct: dict[str, list[str]] = {}
-        for name in runs:
-            for s in seeds:
-                args = fit_args(card, name, scale, s, out_dir, list(extra or []))
-                if args not in distinct.values():  # card entries that differ only in the metric share a run
-                    distinct[f"{name}-s{s}"] = args
-        ran_args = [distinct[k] for k in fit_in_subprocesses(distinct, jobs, out_dir / "logs")]
+        distinct: dict[str, FitRequest] = {}
+        for name, per_seed in requests.items():
+            for req in per_seed:
+                if _fit_key(req) not in {_fit_key(r) for r in distinct.values()}:  # same config, other name
+                    distinct[f"{name}-s{req.seed}"] = req
+        worker_fitted = {distinct[k] for k in fit_in_subprocesses(distinct, jobs, out_dir / "logs")}
+    fitted_keys = {_fit_key(r) for r in worker_fitted}
     per_run: dict[str, RunResult] = {}
-    for name in runs:
+    for name, per_seed in requests.items():
         values = []
-        for s in seeds:
-            v = run_one(card, name, scale, s, out_dir, list(extra or []))
-            if fit_args(card, name, scale, s, out_dir, list(extra or [])) in ran_args:
+        for req in per_seed:
+            v = run_one(card, req)
+            if _fit_key(req) in fitted_keys:
                 v.reused = False  # a worker fitted it; run_one only read its summary
             if not v.reused:
                 fitted_here.add(v.run_dir)
@@ -343,9 +376,26 @@ def reproduce(
         date=date.today().isoformat(),
         wall_time_s=round(time.time() - started, 1),
     )
+    problems = check_seed_ledgers(
+        card, {n: {v.seed: _ledger(v.run_dir) for v in r.runs} for n, r in per_run.items()}
+    )
+    if problems:
+        raise CardError(f"{card.path}: refused, on its runs' seed ledgers: " + "; ".join(problems))
     call_report_hook(card, result, out_dir)
     judge(card, result)
     return result
+
+
+def _fit_key(req: FitRequest) -> str:
+    """What decides a fit's result: card entries whose requests agree on it share one run folder."""
+    return json.dumps({k: v for k, v in req.to_json().items() if k != "run"}, sort_keys=True, default=str)
+
+
+def _ledger(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("seed_ledger")
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 def read_metrics(card: Card, run_name: str, seed_runs: list[SeedRun]) -> dict[str, list[float]]:

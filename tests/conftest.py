@@ -52,3 +52,26 @@ def _no_ddp_environment_left_by_earlier_tests():
     # by a later test would inherit it without its threads (a CI run hung in the lordo resume test)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+@pytest.fixture
+def quiet_trainer(tmp_path):
+    """``quiet_trainer(**kwargs) -> L.Trainer``: the CPU Trainer most tests build (one device, no logger, no
+    checkpoints, no progress bar or model summary), writing under the test's ``tmp_path``; keyword arguments
+    override or add any Trainer argument (``max_steps=4``, ``logger=CSVLogger(...)``, ``callbacks=[...]``)."""
+    import lightning as L
+
+    def make(**kwargs) -> L.Trainer:
+        settings = {
+            "accelerator": "cpu",
+            "devices": 1,
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "default_root_dir": tmp_path,
+            **kwargs,
+        }
+        return L.Trainer(**settings)
+
+    return make

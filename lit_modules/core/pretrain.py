@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from litlab.lit_modules.core.corpus import CharTokenizer, local_text_corpus
+from litlab.lit_modules.core.seeding import fingerprint, record_artefact
 from litlab.lit_modules.core.io import atomic_path, cache_dir, one_builder
 from litlab.lit_modules.core.models import TinyGPT
 
@@ -49,6 +50,7 @@ def train_and_cache(
     from safetensors.torch import load_file, save_file
 
     path = cache_dir() / f"{name}-{cache_key(args)}.safetensors"
+    record_artefact(name, fingerprint(name, args, seed))  # the run's seed ledger names what it was built on
     with one_builder(path), torch.random.fork_rng():
         torch.manual_seed(seed)
         model = build()
