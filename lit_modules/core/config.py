@@ -23,3 +23,20 @@ def config_part(cls: type[T]) -> type[T]:
     cls = dataclasses.dataclass(frozen=True)(cls)
     torch.serialization.add_safe_globals([cls])
     return cls
+
+
+def as_config(cls: type[T], value: T | dict | None, where: str = "") -> T:
+    """``value`` as a ``cls`` object: a mapping (what LightningCLI or ``hparams`` hold) is built into one, an
+    object is returned as is, ``None`` gives the defaults. The one place a module turns its config parts into
+    dataclasses (a bad key names the class and the key, not a TypeError from ``__init__``)."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise ValueError(f"{where or cls.__name__}: unknown keys {unknown}; {cls.__name__} has {sorted(names)}")
+        return cls(**value)
+    raise TypeError(f"{where or cls.__name__}: expected a {cls.__name__} or a mapping, got {type(value).__name__}")
