@@ -374,8 +374,10 @@ def check_seed_ledgers(card: Card, ledgers: dict[str, dict[int, dict[str, Any] |
     for run, by_seed in ledgers.items():
         missing = sorted(s for s, ledger in by_seed.items() if not ledger)
         if missing:
-            problems.append(f"run {run} seeds {missing}: summary.json has no seed_ledger (a run from before "
-                            "litlab recorded one: delete its folder and run it again)")
+            problems.append(
+                f"run {run} seeds {missing}: summary.json has no seed_ledger (a run from before "
+                "litlab recorded one: delete its folder and run it again)"
+            )
             continue
         for s, ledger in by_seed.items():
             if ledger.get("run_seed") not in (None, s):
@@ -687,7 +689,9 @@ def _parse_shared(where: str, raw: Any) -> dict[str, str]:
     if raw is None:
         return {}
     if not isinstance(raw, dict) or not all(isinstance(v, str) and v.strip() for v in raw.values()):
-        raise CardError(f"{where}: 'shared' maps each seed component shared by every seed to why, got {raw!r}")
+        raise CardError(
+            f"{where}: 'shared' maps each seed component shared by every seed to why, got {raw!r}"
+        )
     return {str(k): v for k, v in raw.items()}
 
 

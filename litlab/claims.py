@@ -103,6 +103,7 @@ class ClaimResult:
     value: float | list[float] | None = None  # mechanism claims
     paper_effect: float | None = None  # headline: in metric units (a relative one resolved)
     requires: str = ""
+    fragile: bool = False  # the verdict flips within the card's determinism tolerance (``mark_fragile``)
 
     @property
     def holds(self) -> bool | None:
@@ -423,7 +424,9 @@ def judge_recorded(card: Card, scale: str | None = None, has_cuda: bool = False)
     scale = scale or str(card.recorded.get("scale", "quick"))
     values = recorded_values(card, scale)
     derived = {k: float(v) for k, v in (card.recorded.get("derived") or {}).items()}
-    return [evaluate_claim(card, c, values, derived, has_cuda=has_cuda) for c in card.claims_for(scale)]
+    results = [evaluate_claim(card, c, values, derived, has_cuda=has_cuda) for c in card.claims_for(scale)]
+    mark_fragile(card, results, values, derived)
+    return results
 
 
 def mismatches(card: Card, scale: str, measured: Values) -> list[str]:
@@ -440,9 +443,105 @@ def mismatches(card: Card, scale: str, measured: Values) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Drift:
+    """How far one run's re-measured numbers landed from its recorded ones (every metric and seed compared)."""
+
+    run: str
+    compared: int  # values compared (metrics x seeds)
+    max_abs: float  # the largest |measured - recorded|
+    beyond: int  # values outside the card's determinism tolerance
+
+    @property
+    def within(self) -> bool:
+        return self.beyond == 0
+
+
+def drift(card: Card, scale: str, measured: Values) -> list[Drift]:
+    """Per run, the re-measured numbers against the recorded ones, under the card's determinism tolerance
+    (``--check-recorded`` prints it: a user tells machine drift from a regression)."""
+    atol, rtol = card.determinism.atol, card.determinism.rtol
+    out = []
+    for name, by_metric in recorded_values(card, scale).items():
+        pairs = [
+            (value, per_seed[seed])
+            for metric, per_seed in by_metric.items()
+            for seed, value in ((measured.get(name) or {}).get(metric) or {}).items()
+            if seed in per_seed
+        ]
+        if pairs:
+            out.append(
+                Drift(
+                    run=name,
+                    compared=len(pairs),
+                    max_abs=max(abs(a - b) for a, b in pairs),
+                    beyond=sum(not math.isclose(a, b, abs_tol=atol, rel_tol=rtol) for a, b in pairs),
+                )
+            )
+    return out
+
+
+def _shifted(values: Values, shifts: Mapping[Ref, float], rtol: float) -> dict:
+    """``values`` with every seed's value of each ``Ref`` moved by its shift (plus ``rtol`` of its size)."""
+    out = {run: {m: dict(per_seed) for m, per_seed in by_metric.items()} for run, by_metric in values.items()}
+    for ref, shift in shifts.items():
+        per_seed = out.get(ref.run, {}).get(ref.metric)
+        if per_seed:
+            for seed, v in per_seed.items():
+                per_seed[seed] = v + shift + math.copysign(rtol * abs(v), shift)
+    return out
+
+
+def fragile(
+    card: Card, claim: Claim, values: Values, derived: Mapping[str, float], result: ClaimResult
+) -> bool:
+    """Whether ``claim``'s verdict flips when every number moves within the card's determinism tolerance in
+    the direction that hurts it (the method's values by the tolerance one way, the compared runs' the other;
+    a mechanism value towards or away from its target). Such a verdict depends on the machine."""
+    if not result.judged:
+        return False
+    atol, rtol = card.determinism.atol, card.determinism.rtol
+    for sign in (1.0, -1.0):
+        if claim.kind == "mechanism":
+            if claim.value.startswith("derived."):
+                key = claim.value.removeprefix("derived.")
+                moved_derived = {**derived, key: derived[key] + sign * (atol + rtol * abs(derived[key]))}
+                moved = evaluate_claim(card, claim, values, moved_derived)
+            else:
+                assert claim.value_ref is not None
+                moved = evaluate_claim(
+                    card, claim, _shifted(values, {claim.value_ref: sign * atol}, rtol), derived
+                )
+        else:
+            assert claim.method is not None
+            up = 1.0 if card.mode(claim.method.metric) == "max" else -1.0
+            shifts = {claim.method: sign * up * atol}
+            for ref in claim.against:
+                shifts[ref] = -sign * (1.0 if card.mode(ref.metric) == "max" else -1.0) * atol
+            moved = evaluate_claim(card, claim, _shifted(values, shifts, rtol), derived)
+        if moved.verdict != result.verdict:
+            return True
+    return False
+
+
+def mark_fragile(
+    card: Card, results: list[ClaimResult], values: Values, derived: Mapping[str, float]
+) -> None:
+    """Set ``fragile`` on every judged claim whose verdict a drift within the tolerance would flip."""
+    claims = {c.id: c for c in card.claims}
+    for r in results:
+        r.fragile = fragile(card, claims[r.id], values, derived, r)
+
+
 def card_verdict(card: Card, results: list[ClaimResult], scale: str) -> tuple[str, str]:
     """``card_status``, with the reason naming the headline claims another scale or a GPU would judge."""
     status, reason = card_status(results)
+    shaky = [r.id for r in results if r.headline and r.fragile]
+    if shaky:
+        reason += (
+            f"; fragile: {', '.join(shaky)} flips within the card's determinism tolerance "
+            f"(atol {card.determinism.atol:g}), so another machine may judge it otherwise"
+        )
     if status == "not testable at this scale":
         elsewhere = [c for c in card.headlines if scale not in c.scales]
         reason = "; ".join(

@@ -30,8 +30,10 @@ from litlab.cards import Card, check_seed_ledgers, claims_sha256, load_card, pro
 from litlab.claims import (
     ClaimResult,
     card_verdict,
+    drift,
     evaluate_claim,
     judge_recorded,
+    mark_fragile,
     mismatches,
     null_table,
     recorded_values,
@@ -97,7 +99,9 @@ class FitRequest:
         return cls(**{**raw, "extra": tuple(raw.get("extra") or ())})
 
 
-def fit_request(card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]) -> FitRequest:
+def fit_request(
+    card: Card, run_name: str, scale: str, seed: int, out_dir: Path, extra: list[str]
+) -> FitRequest:
     spec = card.runs[run_name]
     config = project_path(spec.config_path(scale))
     if not config.exists():
@@ -223,7 +227,9 @@ def fit_in_subprocesses(jobs: dict[str, FitRequest], workers: int, log_dir: Path
                     key = pending.get_nowait()
                 except queue.Empty:
                     break
-                proc.stdin.write(json.dumps({"request": jobs[key].to_json(), "log": str(log_dir / f"{key}.log")}) + "\n")
+                proc.stdin.write(
+                    json.dumps({"request": jobs[key].to_json(), "log": str(log_dir / f"{key}.log")}) + "\n"
+                )
                 proc.stdin.flush()
                 answer = proc.stdout.readline()
                 if not answer:  # the worker died (killed, out of memory): the rest go to another worker
@@ -432,6 +438,7 @@ def judge(card: Card, result: CardResult) -> None:
         evaluate_claim(card, c, values, result.extras.numbers, has_cuda=torch.cuda.is_available())
         for c in card.claims_for(result.scale)
     ]
+    mark_fragile(card, result.claims, values, result.extras.numbers)
     result.status, result.status_reason = card_verdict(card, result.claims, result.scale)
     result.regressions = regressions(card, result.scale, result.claims)
     result.refutations = refutations(card, values)
@@ -486,6 +493,8 @@ def claim_entry(c: ClaimResult) -> dict[str, Any]:
         entry["value"] = [round(v, 6) for v in c.value] if isinstance(c.value, list) else round(c.value, 6)
     if c.reason:
         entry["reason"] = c.reason
+    if c.fragile:
+        entry["fragile"] = True  # flips within the card's determinism tolerance
     return entry
 
 
@@ -613,6 +622,18 @@ def print_null(card: Card) -> int:
     return 2 if problems else 0
 
 
+def print_drift(card: Card, res: CardResult) -> None:
+    """Per run: how far its numbers moved from the recorded ones, and whether within the card's tolerance."""
+    tol = card.determinism
+    print(f"\nagainst the recorded numbers (determinism: atol {tol.atol:g}, rtol {tol.rtol:g}):")
+    for d in drift(card, res.scale, measured_values(res)):
+        verdict = "within tolerance" if d.within else f"MOVED beyond tolerance ({d.beyond} values)"
+        print(f"  {d.run:<28} {d.compared:>3} values  max |measured - recorded| {d.max_abs:.3g}  {verdict}")
+    shaky = [c.id for c in res.claims if c.fragile]
+    if shaky:
+        print(f"  fragile (flip within the tolerance): {', '.join(shaky)}")
+
+
 # ---- command line -------------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="litlab repro", description=__doc__.split("\n")[0])
@@ -711,6 +732,8 @@ def main(argv: list[str]) -> int:
     if res.refutations:
         print("litlab repro: card refused: " + "; ".join(res.refutations), file=sys.stderr)
         return 2
+    if args.check_recorded:
+        print_drift(card, res)
     if args.record:
         record_into_card(card, res, command)
     if res.regressions or (args.check_recorded and res.mismatches):

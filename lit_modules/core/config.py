@@ -37,6 +37,10 @@ def as_config(cls: type[T], value: T | dict | None, where: str = "") -> T:
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(value) - names)
         if unknown:
-            raise ValueError(f"{where or cls.__name__}: unknown keys {unknown}; {cls.__name__} has {sorted(names)}")
+            raise ValueError(
+                f"{where or cls.__name__}: unknown keys {unknown}; {cls.__name__} has {sorted(names)}"
+            )
         return cls(**value)
-    raise TypeError(f"{where or cls.__name__}: expected a {cls.__name__} or a mapping, got {type(value).__name__}")
+    raise TypeError(
+        f"{where or cls.__name__}: expected a {cls.__name__} or a mapping, got {type(value).__name__}"
+    )

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from litlab.lit_modules.core.corpus import CharTokenizer, local_text_corpus
-from litlab.lit_modules.core.seeding import fingerprint, record_artefact
 from litlab.lit_modules.core.io import atomic_path, cache_dir, one_builder
 from litlab.lit_modules.core.models import TinyGPT
+from litlab.lit_modules.core.seeding import fingerprint, record_artefact
 
 M = TypeVar("M", bound=nn.Module)
 

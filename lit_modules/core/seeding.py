@@ -69,7 +69,7 @@ def fingerprint(*parts: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def _update(h: "hashlib._Hash", part: Any) -> None:
+def _update(h: hashlib._Hash, part: Any) -> None:
     if hasattr(part, "detach") and hasattr(part, "numpy"):  # a torch tensor, without importing torch here
         t = part.detach().cpu().contiguous()
         h.update(str((tuple(t.shape), str(t.dtype))).encode())
