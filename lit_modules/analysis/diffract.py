@@ -55,6 +55,7 @@ from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.core.hf import load_causal_lm, load_smollm2
 from litlab.lit_modules.core.io import atomic_write_json
 from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt
+from litlab.lit_modules.core.schedules import warmup_then_decay_lr
 
 Criterion = Literal["rotation", "rel_update", "abs_update", "spectral_shift", "taylor", "oracle", "random"]
 CRITERIA = ("rotation", "rel_update", "abs_update", "spectral_shift", "taylor", "oracle", "random")
@@ -647,11 +648,5 @@ class DiffractCPT(L.LightningModule):
         )
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warm = max(int(round(hp.warmup_frac * total)), 1)
-
-        def warmup_cosine(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(total - warm, 1))))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
+        sched = warmup_then_decay_lr(opt, warmup_steps=warm, total_steps=total, decay="cosine")
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

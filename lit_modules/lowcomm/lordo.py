@@ -23,7 +23,6 @@ The constructor takes two typed groups (``litlab.lit_modules.core.config.config_
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Literal
 
@@ -34,6 +33,7 @@ from torch import Tensor
 
 from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.core.models import TinyGPT, tiny_llama
+from litlab.lit_modules.core.schedules import warmup_then_decay_lr
 from litlab.lit_modules.lowcomm.contract import CommReporter
 from litlab.lit_modules.lowcomm.optim import LowRankQHAdamW
 
@@ -178,13 +178,11 @@ class LoRDOLMModule(L.LightningModule):
                 error_feedback=lr_cfg.error_feedback,
                 update_proj_gap=lr_cfg.update_proj_gap,
             )
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
-
-        def warmup_cosine(step: int) -> float:
-            if step < hp.warmup_steps:
-                return (step + 1) / hp.warmup_steps
-            progress = min(1.0, (step - hp.warmup_steps) / max(total - hp.warmup_steps, 1))
-            return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
+        sched = warmup_then_decay_lr(
+            opt,
+            warmup_steps=hp.warmup_steps,
+            total_steps=max(int(self.trainer.estimated_stepping_batches), 1),
+            decay="cosine",
+            min_ratio=hp.min_lr_ratio,
+        )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -52,6 +52,7 @@ from litlab.lit_modules.core.rank_plan import (
     planned_ranks,
     probe_saliency,
 )
+from litlab.lit_modules.core.schedules import warmup_then_decay_lr
 
 Mode = Literal["lora", "lokra", "lokra_plus"]
 BlockMode = Literal["random", "fixed"]
@@ -362,12 +363,8 @@ class LoKRALanguageModel(_LoKRABase):
         hp = self.hparams
         opt = torch.optim.AdamW(adapter_parameters(self.adapted), lr=hp.lr, weight_decay=hp.weight_decay)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
-        warm = min(hp.warmup_steps, total)
-
-        def linear_warmup_decay(step: int) -> float:  # DoRA's protocol: warm-up then linear decay
-            return (
-                (step + 1) / max(warm, 1) if step < warm else max(0.0, (total - step) / max(total - warm, 1))
-            )
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, linear_warmup_decay)
+        # DoRA's protocol: warm-up then linear decay to 0
+        sched = warmup_then_decay_lr(
+            opt, warmup_steps=min(hp.warmup_steps, total), total_steps=total, decay="linear"
+        )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -10,7 +10,6 @@ Sizes: the spec's CPU model (hidden 64, MLP 128, 2 layers, 2 heads, char vocabul
 
 from __future__ import annotations
 
-import math
 import re
 
 import lightning as L
@@ -20,6 +19,7 @@ import transformers
 from torch import Tensor, nn
 
 from litlab.lit_modules.core.models import tiny_llama
+from litlab.lit_modules.core.schedules import warmup_then_decay_lr
 
 BLOCKS = (
     r"(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"  # a Llama's attention + MLP linear layers
@@ -105,13 +105,11 @@ class DecoderLM(L.LightningModule):
         opt = torch.optim.AdamW(
             self.parameters(), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps, weight_decay=hp.weight_decay
         )
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
-
-        def warmup_cosine(step: int) -> float:
-            if step < hp.warmup_steps:
-                return (step + 1) / hp.warmup_steps
-            progress = min(1.0, (step - hp.warmup_steps) / max(total - hp.warmup_steps, 1))
-            return hp.min_lr_ratio + (1 - hp.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
+        sched = warmup_then_decay_lr(
+            opt,
+            warmup_steps=hp.warmup_steps,
+            total_steps=max(int(self.trainer.estimated_stepping_batches), 1),
+            decay="cosine",
+            min_ratio=hp.min_lr_ratio,
+        )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
