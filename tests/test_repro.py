@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from litlab.cards import Ref, load_card, substitute_seed
+from litlab.cards import Ref, check_seed_ledgers, load_card
 from litlab.claims import ClaimResult, Comparison, card_status, paired_interval, refutations, welch_interval
 from litlab.lit_modules.core.errors import CardError
 from litlab.lit_modules.core.results import ReportExtras
-from litlab.repro import fit_args, override_args, reproduce
+from litlab.repro import FitRequest, fit_request, override_args, reproduce
 from litlab.repro import main as repro_main
 from litlab.verdicts import card_rows, cards_markdown, verdict
 
@@ -90,6 +90,9 @@ def test_harness_runs_reuses_and_reports(tmp_path, capsys):
     assert res.runs["zero"].values == [1.0, 1.0, 1.0]  # lr 0: nothing adapts
     assert len(res.runs["lora"].values) == 3 and res.runs["lora"].std > 0
     assert not any(r.reused for r in res.runs["lora"].runs)
+    for run in res.runs.values():  # every summary keeps its seed ledger; the run seed is the card seed
+        for r in run.runs:
+            assert json.loads((r.run_dir / "summary.json").read_text())["seed_ledger"]["run_seed"] == r.seed
     again = reproduce(card, out_root=tmp_path / "repro")  # an interrupted repro resumes: nothing re-runs
     assert all(r.reused for run in again.runs.values() for r in run.runs)
     assert again.runs["lora"].values == res.runs["lora"].values
@@ -391,14 +394,62 @@ def test_card_status_the_headline_decides_and_controls_show_the_experiment_can_s
     assert card_status([gpu, control]) == ("not testable at this scale", "h: needs a GPU (requires: cuda)")
 
 
-def test_seed_placeholder_in_overrides(tmp_path):
-    assert substitute_seed("{seed}", 3) == 3 and substitute_seed("run-{seed}", 3) == "run-3"
-    assert substitute_seed({"a": ["{seed}", 1]}, 4) == {"a": [4, 1]} and substitute_seed(0.5, 4) == 0.5
-    text = TINY_CARD.replace(
+def test_a_run_has_one_seed_passed_as_a_request(tmp_path):
+    templated = TINY_CARD.replace(
         "overrides: {model.init_args.mode: lora,", 'overrides: {data.init_args.seed: "{seed}",', 1
     )
-    args = fit_args(load_card(write_card(tmp_path, text)), "zero", "quick", 7, tmp_path, [])
-    assert "--data.init_args.seed=7" in args and "--seed_everything=7" in args
+    with pytest.raises(CardError, match="seeds are not templated"):
+        load_card(write_card(tmp_path, templated))
+    request = fit_request(load_card(write_card(tmp_path)), "zero", "quick", 7, tmp_path, ["--x=1"])
+    assert request.seed == 7 and FitRequest.from_json(json.loads(json.dumps(request.to_json()))) == request
+    args = request.cli_args()
+    assert "--seed_everything=7" in args and args[-1] == "--x=1" and not any("seed=" in a for a in args[2:-5])
+
+
+def test_seed_streams_are_derived_by_name(monkeypatch):
+    from litlab.lit_modules.core.seeding import derive_seed, reset_ledger, seed_ledger
+
+    monkeypatch.setenv("PL_GLOBAL_SEED", "3")
+    reset_ledger(3)
+    data, backbone = derive_seed("data"), derive_seed("backbone")
+    assert data != backbone and derive_seed("data") == data and derive_seed("target", fixed=1) == 1
+    assert seed_ledger() == {
+        "run_seed": 3,
+        "components": {"backbone": backbone, "data": data, "target": 1},
+        "artefacts": {},
+    }
+    monkeypatch.setenv("PL_GLOBAL_SEED", "4")
+    assert derive_seed("data") != data  # another run seed, another stream
+    with pytest.raises(ValueError, match="component needs a name"):
+        derive_seed("")
+
+
+def test_card_refuses_components_shared_across_seeds(tmp_path):
+    card = load_card(write_card(tmp_path))
+
+    def ledger(seed, backbone_fp, target=1):
+        return {
+            "run_seed": seed,
+            "components": {"data": 100 + seed, "target": target},
+            "artefacts": {"backbone": backbone_fp},
+        }
+
+    varied = {"plus": {s: ledger(s, f"fp{s}", target=s) for s in (0, 1, 2)}}
+    assert check_seed_ledgers(card, varied) == []
+    # a broken card: every seed trained on the same cached backbone, and a pinned target
+    broken = {"plus": {s: ledger(s, "same") for s in (0, 1, 2)}}
+    problems = check_seed_ledgers(card, broken)
+    assert len(problems) == 2 and "'backbone' has the same artefact fingerprint" in problems[1]
+    assert "'target' has the same seed for card seeds [0, 1, 2]" in problems[0]
+    shared = TINY_CARD.replace(
+        "pairing: seed", "pairing: seed\nshared: {backbone: a real pretrained model, target: fixed}"
+    )
+    assert check_seed_ledgers(load_card(write_card(tmp_path, shared, "s.yaml")), broken) == []
+    assert "no seed_ledger" in check_seed_ledgers(card, {"plus": {0: None, 1: ledger(1, "a")}})[0]
+    with pytest.raises(CardError, match="'shared' maps each seed component"):
+        load_card(
+            write_card(tmp_path, TINY_CARD.replace("pairing: seed", "pairing: seed\nshared: [x]"), "b.yaml")
+        )
 
 
 @pytest.mark.parametrize(
