@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from litlab.lit_modules.core.corpus import CharTokenizer, local_text_corpus
 from litlab.lit_modules.core.errors import DatasetUnavailableError
 from litlab.lit_modules.core.hf import check_hub_dataset, download_instructions, load_tokenizer
+from litlab.lit_modules.core.seeding import derive_seed
 
 
 class _Windows(Dataset):
@@ -64,7 +65,9 @@ class LocalTextDataModule(L.LightningDataModule):
     """Next-character prediction on `local_text_corpus`, as `{"input_ids", "labels"}` batches of `[B, block_size]`.
 
     `split` picks the corpus cut at its midpoint (LoKRA pre-trains a base on one half and
-    adapts on the other); the last `val_fraction` of the chosen part is validation.
+    adapts on the other); the last `val_fraction` of the chosen part is validation. The training windows are
+    drawn from the run's `"data"` stream (`derive_seed("data")`): every run of one run seed trains on the same
+    windows, another run seed on others. Validation windows are fixed (evenly spaced).
     """
 
     def __init__(
@@ -76,7 +79,6 @@ class LocalTextDataModule(L.LightningDataModule):
         min_chars: int = 200_000,
         train_windows_per_epoch: int = 3200,
         val_windows: int = 256,
-        seed: int = 0,
         num_workers: int = 0,
     ) -> None:
         super().__init__()
@@ -124,7 +126,7 @@ class LocalTextDataModule(L.LightningDataModule):
         self.setup()
         hp = self.hparams
         dataset = _Windows(self.train_ids, hp.block_size)
-        sampler = _RandomStartSampler(len(dataset), hp.train_windows_per_epoch, hp.seed)
+        sampler = _RandomStartSampler(len(dataset), hp.train_windows_per_epoch, derive_seed("data"))
         return DataLoader(
             dataset, batch_size=hp.batch_size, sampler=sampler, num_workers=hp.num_workers, drop_last=True
         )

@@ -19,8 +19,8 @@ from litlab.callbacks.exact_resume import ExactResume
 from litlab.datamodules.text import LocalTextDataModule
 from litlab.lit_modules.structured.capacity import CapacitySweep, deploy, eval_loss, swapped
 from litlab.lit_modules.structured.footprint import FactoredLinear, load_factored
-from litlab.lit_modules.structured.lm import BLOCKS, DecoderLM, find_blocks
-from litlab.lit_modules.structured.salaad import SALAAD, SALAADLM, SALAADSetup
+from litlab.lit_modules.structured.lm import BLOCKS, AdamWSchedule, DecoderLM, DecoderShape, find_blocks
+from litlab.lit_modules.structured.salaad import SALAAD, SALAADLM, SALAADSchedule
 from litlab.lit_modules.structured.sparse_lowrank import (
     ADMMConfig,
     BlockADMM,
@@ -130,16 +130,14 @@ class _Tiny(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _one_sgd_step(mode: str) -> dict[str, torch.Tensor]:
+def _one_sgd_step(quiet_trainer, mode: str) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 6)), batch_size=4)
     module = _Tiny()
-    cb = SALAAD(blocks=r"_proj$", rate_rank=0.5, rho=0.7, num_freq=100, gradient_mode=mode, log_blocks=False)
+    schedule = SALAADSchedule(blocks=r"_proj$", num_freq=100, gradient_mode=mode, log_blocks=False)
+    cb = SALAAD(ADMMConfig(rate_rank=0.5, rho=0.7), schedule)
     g = torch.Generator().manual_seed(3)
-    trainer = L.Trainer(
-        max_steps=1, callbacks=[cb], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu",
-    )  # fmt: skip
+    trainer = quiet_trainer(max_steps=1, callbacks=[cb])
     cb.attach(module)
     for b in cb.state.values():  # a nonzero surrogate and dual, so both terms of the correction matter
         b.L, b.S, b.Y = (torch.randn(b.m, b.n, generator=g) for _ in range(3))
@@ -147,8 +145,8 @@ def _one_sgd_step(mode: str) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
-def test_coupled_and_decoupled_give_the_same_sgd_step():
-    coupled, decoupled = _one_sgd_step("coupled"), _one_sgd_step("decoupled")
+def test_coupled_and_decoupled_give_the_same_sgd_step(quiet_trainer):
+    coupled, decoupled = _one_sgd_step(quiet_trainer, "coupled"), _one_sgd_step(quiet_trainer, "decoupled")
     for name in coupled:
         assert (coupled[name] - decoupled[name]).abs().max() < 1e-6, name
     torch.manual_seed(0)
@@ -216,20 +214,20 @@ def test_posthoc_compression_meets_the_budget_and_is_exact_at_full_rank():
 
 
 # ---- the callback on a Llama; checkpoint and resume; export ---------------------------------------------------------
-TINY = dict(hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, max_positions=32, warmup_steps=2)
+TINY = dict(
+    net=DecoderShape(hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, max_positions=32),
+    optim=AdamWSchedule(warmup_steps=2),
+)
 
 
 def _dm(windows: int = 48) -> LocalTextDataModule:
-    return LocalTextDataModule(
-        block_size=32, batch_size=4, train_windows_per_epoch=windows, val_windows=8, seed=0
-    )
+    return LocalTextDataModule(block_size=32, batch_size=4, train_windows_per_epoch=windows, val_windows=8)
 
 
-def _trainer(tmp: Path, max_steps: int, extra=()) -> L.Trainer:
-    return L.Trainer(
-        max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=tmp, num_sanity_val_steps=0, gradient_clip_val=1.0,
-        deterministic=True, limit_val_batches=2,
+def _trainer(quiet_trainer, tmp: Path, max_steps: int, extra=()) -> L.Trainer:
+    return quiet_trainer(
+        max_steps=max_steps, default_root_dir=tmp, num_sanity_val_steps=0, gradient_clip_val=1.0,
+        deterministic=True, limit_val_batches=2, enable_checkpointing=True,
         callbacks=[ExactResume(), ModelCheckpoint(dirpath=tmp, every_n_train_steps=5, save_last=True), *extra],
     )  # fmt: skip
 
@@ -243,9 +241,9 @@ class _StopAt(L.Callback):
             trainer.should_stop = True
 
 
-def _salaad_lm(**salaad) -> SALAADLM:
-    L.seed_everything(0)
-    return SALAADLM(**TINY, salaad=SALAADSetup(num_freq=2, log_blocks=False, **salaad))
+def _salaad_lm() -> SALAADLM:
+    L.seed_everything(0)  # the run seed: the model's init and the data module's "data" stream
+    return SALAADLM(**TINY, schedule=SALAADSchedule(num_freq=2, log_blocks=False))
 
 
 def _state(trainer: L.Trainer, module) -> dict[str, torch.Tensor]:
@@ -257,23 +255,23 @@ def _state(trainer: L.Trainer, module) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_salaad_state_is_checkpointed_and_a_resumed_run_matches(tmp_path):
+def test_salaad_state_is_checkpointed_and_a_resumed_run_matches(tmp_path, quiet_trainer):
     torch.set_num_threads(1)
     module = _salaad_lm()
-    full = _trainer(tmp_path / "full", 12)
+    full = _trainer(quiet_trainer, tmp_path / "full", 12)
     full.fit(module, _dm())
     expected = _state(full, module)
     assert (
         expected[next(k for k in expected if k.endswith(".count"))] == 6
     )  # refreshes at steps 2, 4, ..., 12
 
-    first = _trainer(tmp_path / "cut", 12, [_StopAt(5)])
+    first = _trainer(quiet_trainer, tmp_path / "cut", 12, [_StopAt(5)])
     first.fit(_salaad_lm(), _dm())
     ckpt = torch.load(tmp_path / "cut" / "last.ckpt", weights_only=True)
     saved = ckpt["callbacks"]["SALAAD"]["blocks"]
     assert len(saved) == 7 and all(b["count"] == 2 for b in saved.values())  # refreshes at 2 and 4
     resumed_module = _salaad_lm()
-    resumed = _trainer(tmp_path / "cut", 12)
+    resumed = _trainer(quiet_trainer, tmp_path / "cut", 12)
     resumed.fit(resumed_module, _dm(), ckpt_path=str(tmp_path / "cut" / "last.ckpt"))
     got = _state(resumed, resumed_module)
     for k, v in expected.items():
@@ -281,14 +279,20 @@ def test_salaad_state_is_checkpointed_and_a_resumed_run_matches(tmp_path):
 
 
 def test_dense_setup_has_no_admm_and_bad_settings_fail():
-    assert SALAADLM(**TINY, salaad=SALAADSetup(components="none")).configure_callbacks() == []
+    assert SALAADLM(**TINY, admm=None).configure_callbacks() == []
+    (callback,) = SALAADLM(**TINY, admm={"rho": 0.05}).configure_callbacks()  # a CLI mapping becomes the dataclass
+    assert callback.admm == ADMMConfig(rho=0.05) and callback.schedule == SALAADSchedule()
     with pytest.raises(ValueError, match="num_freq"):
-        SALAADLM(**TINY, salaad=SALAADSetup(num_freq=0))
+        SALAADSchedule(num_freq=0)
+    with pytest.raises(ValueError, match="rho"):
+        ADMMConfig(rho=0.0)
+    with pytest.raises(ValueError, match=r"unknown keys \['num_frq'\]"):
+        SALAADLM(**TINY, schedule={"num_frq": 2})
     with pytest.raises(ValueError, match="matches no nn.Linear"):
         find_blocks(DecoderLM(**TINY), r"nothing_here$")
 
 
-def test_export_loads_in_transformers_with_the_in_memory_loss(tmp_path, capsys):
+def test_export_loads_in_transformers_with_the_in_memory_loss(tmp_path, capsys, quiet_trainer):
     import transformers
 
     from litlab.__main__ import main
@@ -296,7 +300,7 @@ def test_export_loads_in_transformers_with_the_in_memory_loss(tmp_path, capsys):
     torch.set_num_threads(1)
     module = _salaad_lm()
     dm = _dm(40)  # one epoch = 10 steps: checkpoint (step 10), then validation with the sweep
-    trainer = _trainer(tmp_path / "run", 10, [CapacitySweep(fractions=[0.25])])
+    trainer = _trainer(quiet_trainer, tmp_path / "run", 10, [CapacitySweep(fractions=[0.25])])
     trainer.fit(module, dm)
     ckpt = tmp_path / "run" / "last.ckpt"
     out = tmp_path / "model"
@@ -394,7 +398,7 @@ def effect_runs(tmp_path_factory) -> tuple[dict, dict]:
                 config,
                 "--run_id",
                 "dense",
-                "--model.init_args.salaad.components=none",
+                "--model.init_args.admm=null",
                 *common,
             ]
         )

@@ -4,6 +4,7 @@ import torch
 from litlab.datamodules.bundled import load_bundled
 from litlab.datamodules.text import LocalTextDataModule
 from litlab.lit_modules.core.corpus import _CORPUS_CACHE, CharTokenizer, local_text_corpus
+from litlab.lit_modules.core.seeding import derive_seed, reset_ledger, seed_ledger
 
 
 def test_corpus_is_large_and_deterministic():
@@ -60,11 +61,20 @@ def test_halves_are_disjoint_and_cover_the_corpus():
     assert torch.equal(torch.cat([second.train_ids, second.val_ids]), corpus_ids[n_first:])
 
 
-def test_train_batches_reproducible_per_seed_and_epoch():
-    a, b, c = (LocalTextDataModule(block_size=16, batch_size=8, seed=s) for s in (0, 0, 1))
-    assert torch.equal(first_batch(a)["input_ids"], first_batch(b)["input_ids"])
-    assert not torch.equal(first_batch(a)["input_ids"], first_batch(c)["input_ids"])
+def first_batch_at(run_seed: int, monkeypatch) -> torch.Tensor:
+    monkeypatch.setenv("PL_GLOBAL_SEED", str(run_seed))  # what seed_everything exports
+    return first_batch(LocalTextDataModule(block_size=16, batch_size=8))["input_ids"]
+
+
+def test_train_batches_follow_the_run_seed_and_epoch(monkeypatch):
+    """The windows come from the run's "data" stream: the same run seed draws them again, another draws others."""
+    assert torch.equal(first_batch_at(0, monkeypatch), first_batch_at(0, monkeypatch))
+    assert not torch.equal(first_batch_at(0, monkeypatch), first_batch_at(1, monkeypatch))
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+    reset_ledger(0)
+    a = LocalTextDataModule(block_size=16, batch_size=8)
     loader = a.train_dataloader()
+    assert seed_ledger()["components"] == {"data": derive_seed("data")}  # the run's ledger names the stream
     epoch0 = next(iter(loader))["input_ids"]
     loader.sampler.set_epoch(1)
     assert not torch.equal(next(iter(loader))["input_ids"], epoch0)

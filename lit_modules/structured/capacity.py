@@ -93,7 +93,7 @@ def swapped(layers: dict[str, nn.Linear], weights: dict[str, Tensor]):
 
 def structured_source(trainer: L.Trainer) -> StructuredSource | None:
     for cb in trainer.callbacks:
-        if isinstance(cb, StructuredSource) and getattr(cb, "state", None):
+        if isinstance(cb, StructuredSource) and cb.structured_blocks():  # a source with blocks attached
             return cb
     return None
 

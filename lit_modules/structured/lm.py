@@ -1,5 +1,7 @@
 """``DecoderLM``: a plain next-token LightningModule on a ``transformers.LlamaForCausalLM`` built from its config
 (random init, nothing downloaded), trained with AdamW, linear warm-up and cosine decay to ``min_lr_ratio``·lr.
+Two typed groups: ``net: DecoderShape`` (``model.init_args.net.hidden_size``, ...) and ``optim: AdamWSchedule``
+(``model.init_args.optim.lr``, ...).
 
 It is the family's harness only in the sense that it is what the quick and full configs train: it knows nothing of
 SALAAD. Structure methods decorate it from outside (``salaad.SALAAD`` is a Callback on its linear layers), and the
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 import transformers
 from torch import Tensor, nn
 
+from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.core.models import tiny_llama
 from litlab.lit_modules.core.schedules import warmup_then_decay_lr
 
@@ -40,42 +43,56 @@ def find_blocks(module: nn.Module, pattern: str = BLOCKS) -> dict[str, nn.Linear
     return found
 
 
+@config_part
+class DecoderShape:
+    """The Llama trained from scratch (built from its config, nothing downloaded); ``num_kv_heads`` None: as many as
+    ``num_heads``."""
+
+    vocab_size: int = 97
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int | None = None
+    max_positions: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"net.{name}={getattr(self, name)} must be positive")
+
+
+@config_part
+class AdamWSchedule:
+    """AdamW, ``warmup_steps`` of linear warm-up, then cosine decay to ``min_lr_ratio``·lr at the last step."""
+
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+
+
+NET, OPTIM = DecoderShape(), AdamWSchedule()
+
+
 class DecoderLM(L.LightningModule):
     """Causal LM pre-training from scratch on ``{"input_ids", "labels"}`` batches (labels already shifted)."""
 
-    def __init__(
-        self,
-        vocab_size: int = 97,
-        hidden_size: int = 64,
-        intermediate_size: int = 128,
-        num_layers: int = 2,
-        num_heads: int = 2,
-        num_kv_heads: int | None = None,
-        max_positions: int = 128,
-        lr: float = 3e-3,
-        betas: tuple[float, float] = (0.9, 0.95),
-        eps: float = 1e-8,
-        weight_decay: float = 0.1,
-        warmup_steps: int = 20,
-        min_lr_ratio: float = 0.1,
-    ) -> None:
+    def __init__(self, net: DecoderShape = NET, optim: AdamWSchedule = OPTIM) -> None:
         super().__init__()
         self.save_hyperparameters()
-        for name, value in [
-            ("vocab_size", vocab_size),
-            ("hidden_size", hidden_size),
-            ("num_layers", num_layers),
-        ]:
-            if value <= 0:
-                raise ValueError(f"{name}={value} must be positive")
+        self.net, self.optim = as_config(DecoderShape, net, "net"), as_config(AdamWSchedule, optim, "optim")
+        n = self.net
         self.model = tiny_llama(
-            vocab_size,
-            hidden_size,
-            num_layers,
-            num_heads,
-            num_kv_heads or num_heads,
-            intermediate_size,
-            max_positions,
+            n.vocab_size,
+            n.hidden_size,
+            n.num_layers,
+            n.num_heads,
+            n.num_kv_heads or n.num_heads,
+            n.intermediate_size,
+            n.max_positions,
         )
 
     @property
@@ -101,7 +118,7 @@ class DecoderLM(L.LightningModule):
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
 
     def configure_optimizers(self):
-        hp = self.hparams
+        hp = self.optim
         opt = torch.optim.AdamW(
             self.parameters(), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps, weight_decay=hp.weight_decay
         )

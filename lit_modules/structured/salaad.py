@@ -37,6 +37,7 @@ every checkpoint (``checkpoint["callbacks"]["SALAAD"]``), a resumed run continue
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from typing import Literal
@@ -45,55 +46,54 @@ import lightning as L
 import torch
 from torch import nn
 
-from litlab.lit_modules.core.config import config_part
-from litlab.lit_modules.structured.lm import BLOCKS, DecoderLM, find_blocks, short_name
-from litlab.lit_modules.structured.sparse_lowrank import ENERGY, ADMMConfig, BlockADMM
+from litlab.lit_modules.core.config import as_config, config_part
+from litlab.lit_modules.structured.lm import (
+    BLOCKS,
+    NET,
+    OPTIM,
+    AdamWSchedule,
+    DecoderLM,
+    DecoderShape,
+    find_blocks,
+    short_name,
+)
+from litlab.lit_modules.structured.sparse_lowrank import ADMMConfig, BlockADMM
+
+
+@config_part
+class SALAADSchedule:
+    """Where and when SALAAD couples (its per-block maths is ``ADMMConfig``): the linear layers whose names match
+    ``blocks``; ``rate_rank_by_name`` r* for blocks whose name matches a key (first match), ``ADMMConfig.rate_rank``
+    for the others (the spec's 0.15 attention / 0.35 MLP: ``rate_rank=0.15`` and ``{"mlp": 0.35}``); one ADMM /
+    controller refresh every ``num_freq`` steps (F); the penalty's gradient ``coupled`` into X's gradient or
+    ``decoupled`` (applied after the step); L₀ by ``svd`` of X₀ or ``zero``; per-block metrics when ``log_blocks``."""
+
+    blocks: str = BLOCKS
+    rate_rank_by_name: dict[str, float] | None = None
+    num_freq: int = 10
+    gradient_mode: Literal["coupled", "decoupled"] = "coupled"
+    init_L: Literal["svd", "zero"] = "svd"
+    log_blocks: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_freq <= 0:
+            raise ValueError(f"num_freq={self.num_freq} must be positive")
+        if self.gradient_mode not in ("coupled", "decoupled"):
+            raise ValueError(f"gradient_mode={self.gradient_mode!r} must be 'coupled' or 'decoupled'")
+        if self.init_L not in ("svd", "zero"):
+            raise ValueError(f"init_L={self.init_L!r} must be 'svd' or 'zero'")
+
+
+ADMM, SCHEDULE = ADMMConfig(), SALAADSchedule()  # the spec's CPU defaults (§6)
 
 
 class SALAAD(L.Callback):
-    """SALAAD's ADMM schedule on the linear layers of any LightningModule (automatic optimisation, one optimizer).
+    """SALAAD's ADMM schedule on the linear layers of any LightningModule (automatic optimisation, one optimizer):
+    ``admm`` is every block's ADMM and controller settings, ``schedule`` which blocks and how often."""
 
-    ``rate_rank`` r* for every block, except blocks whose name matches a key of ``rate_rank_by_name`` (first match):
-    the spec's 0.15 attention / 0.35 MLP is ``rate_rank=0.15, rate_rank_by_name={"mlp": 0.35}``. ``components``:
-    ``both`` (SALAAD), ``low_rank`` (S ≡ 0: a trained low-rank-only baseline) or ``sparse`` (L ≡ 0)."""
-
-    def __init__(
-        self,
-        blocks: str = BLOCKS,
-        rate_rank: float = 0.15,
-        rate_rank_by_name: dict[str, float] | None = None,
-        rate_sparsity: float = 0.05,
-        rho: float = 2e-2,
-        num_freq: int = 10,
-        k_alpha: float = 0.005,
-        k_beta: float = 0.002,
-        k_dalpha: float = 0.0,
-        k_dbeta: float = 0.0,
-        pd_after: int = 1500,
-        energy: float = ENERGY,
-        alpha_mode: Literal["adaptive", "fixed"] = "adaptive",
-        beta_mode: Literal["hard_cut", "adaptive", "fixed"] = "hard_cut",
-        alpha0: float = 0.0,
-        beta0: float = 0.0,
-        gradient_mode: Literal["coupled", "decoupled"] = "coupled",
-        init_L: Literal["svd", "zero"] = "svd",
-        components: Literal["both", "low_rank", "sparse"] = "both",
-        log_blocks: bool = True,
-    ) -> None:
-        if num_freq <= 0 or rho <= 0:
-            raise ValueError(f"num_freq={num_freq} and rho={rho} must be positive")
-        if gradient_mode not in ("coupled", "decoupled"):
-            raise ValueError(f"gradient_mode={gradient_mode!r} must be 'coupled' or 'decoupled'")
-        if not 0.0 <= rate_sparsity <= 1.0 or not 0.0 <= rate_rank <= 1.0:
-            raise ValueError(f"rate_rank={rate_rank} and rate_sparsity={rate_sparsity} must lie in [0, 1]")
-        self.pattern, self.num_freq, self.gradient_mode, self.init_L = blocks, num_freq, gradient_mode, init_L
-        self.rate_rank_by_name = dict(rate_rank_by_name or {})
-        self.log_blocks = log_blocks
-        self.base = ADMMConfig(
-            rate_rank=rate_rank, rate_sparsity=rate_sparsity, rho=rho, k_alpha=k_alpha, k_beta=k_beta,
-            k_dalpha=k_dalpha, k_dbeta=k_dbeta, pd_after=pd_after, energy=energy, alpha_mode=alpha_mode,
-            beta_mode=beta_mode, components=components, alpha0=alpha0, beta0=beta0,
-        )  # fmt: skip
+    def __init__(self, admm: ADMMConfig = ADMM, schedule: SALAADSchedule = SCHEDULE) -> None:
+        self.admm = as_config(ADMMConfig, admm, "SALAAD admm")
+        self.schedule = as_config(SALAADSchedule, schedule, "SALAAD schedule")
         self.modules: dict[str, nn.Linear] = {}
         self.state: dict[str, BlockADMM] = {}
         self._pending: dict | None = None
@@ -105,10 +105,10 @@ class SALAAD(L.Callback):
         return "SALAAD"
 
     def block_config(self, name: str) -> ADMMConfig:
-        for key, rate in self.rate_rank_by_name.items():
+        for key, rate in (self.schedule.rate_rank_by_name or {}).items():
             if re.search(key, name):
-                return ADMMConfig(**{**self.base.__dict__, "rate_rank": rate})
-        return self.base
+                return dataclasses.replace(self.admm, rate_rank=rate)
+        return self.admm
 
     # ---- set-up and checkpointed state ------------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -118,10 +118,10 @@ class SALAAD(L.Callback):
 
     def attach(self, module: nn.Module) -> None:
         """Find the blocks and build their state (§3.3), then apply a state loaded before the blocks existed."""
-        self.modules = find_blocks(module, self.pattern)
+        self.modules = find_blocks(module, self.schedule.blocks)
         for name, lin in self.modules.items():
             block = BlockADMM(tuple(lin.weight.shape), self.block_config(name), device=lin.weight.device)
-            if self.init_L == "svd":
+            if self.schedule.init_L == "svd":
                 block.init_low_rank(lin.weight)
             self.state[name] = block
         if self._pending is not None:
@@ -158,7 +158,7 @@ class SALAAD(L.Callback):
             for name, lin in self.modules.items():
                 W = lin.weight
                 g = self.state[name].penalty_grad(W.detach().float())  # ρ(X − L − S + Y/ρ)
-                if self.gradient_mode == "coupled":  # ∇(ℓ + penalty), before gradient clipping
+                if self.schedule.gradient_mode == "coupled":  # ∇(ℓ + penalty), before gradient clipping
                     if W.grad is None:
                         W.grad = g.to(W.dtype)
                     else:
@@ -175,7 +175,7 @@ class SALAAD(L.Callback):
                 W.sub_((lr * g).to(W.dtype))
             self._correction.clear()
             step = trainer.global_step
-            if step > 0 and step % self.num_freq == 0:  # one ADMM / controller iteration every F steps (§3.5)
+            if step > 0 and step % self.schedule.num_freq == 0:  # one ADMM / controller iteration every F steps (§3.5)
                 for name, lin in self.modules.items():
                     self.state[name].update(lin.weight)
                 self._log(pl_module)
@@ -195,7 +195,7 @@ class SALAAD(L.Callback):
             "salaad/updates": float(next(iter(blocks.values())).count),
             "salaad/cpu_s": self.cpu_s,
         }
-        if self.log_blocks:
+        if self.schedule.log_blocks:
             for name, b in blocks.items():
                 s = short_name(name)
                 metrics[f"salaad/rank/{s}"] = b.rate
@@ -205,55 +205,32 @@ class SALAAD(L.Callback):
         pl_module.log_dict(metrics, on_step=True, on_epoch=False)
 
 
-@config_part
-class SALAADSetup:
-    """SALAAD's settings as one typed group (``model.init_args.salaad.<field>``), the arguments of ``SALAAD``.
-    ``components="none"`` trains the plain dense model (no ADMM: the baseline). CPU defaults of spec §6.
+class SALAADLM(DecoderLM):
+    """``DecoderLM`` trained under SALAAD: the module hands Lightning a ``SALAAD`` callback built from its ``admm``
+    and ``schedule`` groups (``configure_callbacks``), so the method's settings are part of the model's config (and
+    of the run's identity) while the ADMM itself stays a Callback that any LightningModule can use directly.
+    ``admm=None`` trains the plain dense model (no ADMM: the card's dense baseline).
 
     Settings that collapse the ranks (spec §6 calibration, kept out of the defaults): ``rho=1e-2`` with
     ``init_L="zero"``, or ``k_alpha`` 0.02-0.05, overshoot the controller threshold and drive ranks to 1-3;
     ``rho=5e-2`` with ``k_alpha=0.01`` collapses some attention blocks. ``sweeps/salaad.yaml`` spans ρ and k_α
     around the defaults."""
 
-    components: Literal["both", "low_rank", "sparse", "none"] = "both"
-    blocks: str = BLOCKS
-    rate_rank: float = 0.15
-    rate_rank_by_name: dict[str, float] | None = None
-    rate_sparsity: float = 0.05
-    rho: float = 2e-2
-    num_freq: int = 10
-    k_alpha: float = 0.005
-    k_beta: float = 0.002
-    k_dalpha: float = 0.0
-    k_dbeta: float = 0.0
-    pd_after: int = 1500
-    energy: float = ENERGY
-    alpha_mode: Literal["adaptive", "fixed"] = "adaptive"
-    beta_mode: Literal["hard_cut", "adaptive", "fixed"] = "hard_cut"
-    alpha0: float = 0.0
-    beta0: float = 0.0
-    gradient_mode: Literal["coupled", "decoupled"] = "coupled"
-    init_L: Literal["svd", "zero"] = "svd"
-    log_blocks: bool = True
-
-
-SETUP = SALAADSetup()
-
-
-class SALAADLM(DecoderLM):
-    """``DecoderLM`` trained under SALAAD: the module hands Lightning a ``SALAAD`` callback built from its
-    ``salaad`` group (``configure_callbacks``), so the method's settings are part of the model's config (and of the
-    run's identity) while the ADMM itself stays a Callback that any LightningModule can use directly."""
-
-    def __init__(self, *args, salaad: SALAADSetup = SETUP, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.salaad = SALAADSetup(**salaad) if isinstance(salaad, dict) else salaad
-        if self.salaad.components != "none":
-            self.salaad_callback()  # check the settings at construction
+    def __init__(
+        self,
+        net: DecoderShape = NET,
+        optim: AdamWSchedule = OPTIM,
+        admm: ADMMConfig | None = ADMM,
+        schedule: SALAADSchedule = SCHEDULE,
+    ) -> None:
+        super().__init__(net=net, optim=optim)
+        self.admm = None if admm is None else as_config(ADMMConfig, admm, "admm")
+        self.schedule = as_config(SALAADSchedule, schedule, "schedule")
 
     def salaad_callback(self) -> SALAAD:
-        fields = {k: v for k, v in self.salaad.__dict__.items()}
-        return SALAAD(**fields)
+        if self.admm is None:
+            raise ValueError("admm=None trains the dense model: there is no SALAAD callback")
+        return SALAAD(self.admm, self.schedule)
 
     def configure_callbacks(self):
-        return [] if self.salaad.components == "none" else [self.salaad_callback()]
+        return [] if self.admm is None else [self.salaad_callback()]

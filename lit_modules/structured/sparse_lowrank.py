@@ -26,6 +26,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from litlab.lit_modules.core.config import config_part
+
 ENERGY = 0.999  # e: the energy kept by the effective rank (training and deployment)
 
 
@@ -114,9 +116,12 @@ def controller_update(
 
 
 # ---- one block's ADMM state and update --------------------------------------------------------------------------
-@dataclass
+@config_part
 class ADMMConfig:
-    """Per-block settings (spec §3.2/§3.6): targets r* (rate_rank) and d* (rate_sparsity), penalty ρ, gains."""
+    """Per-block settings (spec §3.2/§3.6): targets r* (rate_rank) and d* (rate_sparsity), penalty ρ, the
+    controllers' gains (k_α, k_β; damping k_dα, k_dβ after ``pd_after`` updates), the energy e of the effective
+    rank, the threshold modes and their starting values α₀, β₀, and which components the surrogate has: ``both``
+    (SALAAD), ``low_rank`` (S ≡ 0) or ``sparse`` (L ≡ 0)."""
 
     rate_rank: float = 0.15
     rate_sparsity: float = 0.05
@@ -132,6 +137,14 @@ class ADMMConfig:
     components: Literal["both", "low_rank", "sparse"] = "both"
     alpha0: float = 0.0
     beta0: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rho <= 0:
+            raise ValueError(f"rho={self.rho} must be positive")
+        if not 0.0 <= self.rate_sparsity <= 1.0 or not 0.0 <= self.rate_rank <= 1.0:
+            raise ValueError(f"rate_rank={self.rate_rank} and rate_sparsity={self.rate_sparsity} must lie in [0, 1]")
+        if self.components not in ("both", "low_rank", "sparse"):
+            raise ValueError(f"components={self.components!r} must be 'both', 'low_rank' or 'sparse'")
 
 
 STATE_TENSORS = ("L", "S", "Y")
