@@ -7,7 +7,7 @@ from typing import Protocol
 import lightning as L
 import pytest
 
-from litlab.lit_modules.core.contracts import check_protocol, protocol_members
+from litlab.lit_modules.core.contracts import check_data, check_protocol, protocol_members
 from litlab.lit_modules.core.errors import ContractError
 
 
@@ -79,3 +79,16 @@ def test_members_restricts_the_check():
         size = 1
 
     check_protocol(OnlySize(), Data, "TestModule", members=["size"])
+
+
+def test_check_data_is_the_one_datamodule_check_of_every_family():
+    from litlab.lit_modules.analysis import contract as analysis_contract
+    from litlab.lit_modules.continual import contract as continual_contract
+    from litlab.lit_modules.diffusion import contract as diffusion_contract
+    from litlab.lit_modules.domain import contract as domain_contract
+
+    for family in (analysis_contract, continual_contract, diffusion_contract, domain_contract):
+        assert family.check_data is check_data, family.__name__
+    check_data(Good(), Data, "TestModule")
+    with pytest.raises(ContractError, match="LightningDefault lacks 'val_dataloader'.*until setup\\(\\) ran"):
+        check_data(LightningDefault(), Data, "TestModule")

@@ -273,12 +273,12 @@ def test_reds_datamodule_serves_the_contract_and_names_bad_folders(tmp_path):
     a clip's frames and a folder without clips fail at construction, naming them."""
     from litlab.datamodules.paired_video_sr import PairedVideoSRDataModule
     from litlab.lit_modules.core.errors import DatasetUnavailableError
-    from litlab.lit_modules.diffusion.contract import check_vsr_data
+    from litlab.lit_modules.diffusion.contract import VideoSRData, check_data
 
     root = write_reds(tmp_path / "REDS", clips=("000", "001", "002", "003"))
     kw = dict(root=str(root), frames=5, crop=(32, 32), steps=3, num_workers=0, exclude_clips=["000", "001"])
     dm = PairedVideoSRDataModule(**kw, val_max_clips=1)
-    check_vsr_data(dm, "test")
+    check_data(dm, VideoSRData, "test")
     assert list(dm.val_clips) == ["000"] and list(dm.train_clips) == ["002", "003"]
     (hq, lq), (hq2, lq2) = next(iter(dm.train_dataloader())), next(iter(dm.train_dataloader()))
     assert hq.shape == (1, 3, 5, 32, 32) and lq.shape == (1, 3, 5, 8, 8)

@@ -115,7 +115,7 @@ def write_concepts(root: Path, captions: dict[str, list[str | None]], size: int 
 
 def test_concept_folder_datamodule(tmp_path):
     from litlab.datamodules.continual_concepts import ContinualConceptDataModule
-    from litlab.lit_modules.diffusion.contract import check_data
+    from litlab.lit_modules.diffusion.contract import ConceptStreamData, check_data
 
     root = write_concepts(
         tmp_path / "cifc",
@@ -123,7 +123,7 @@ def test_concept_folder_datamodule(tmp_path):
     )
     kw = dict(data_root=str(root), concept_names=["dog", "duck_toy"], num_concepts=2, image_size=32)
     dm = ContinualConceptDataModule(**kw, eval_timesteps=[100, 500])
-    check_data(dm, "test")
+    check_data(dm, ConceptStreamData, "test")
     dm.setup()
     assert dm.class_words == ["dog", "duck toy"]
     assert dm.concept_prompt(1) == "a <V1> duck toy" and dm.class_prompt(0) == "a dog"

@@ -1,4 +1,4 @@
-"""What the analysis family reads from its DataModule (checked once at setup with ``check_protocol``).
+"""What the analysis family reads from its DataModule (checked once at setup with ``check_data``).
 
 ``DomainEvalData``: the CPT domain's name and fixed evaluation windows of the domain and of the general
 (pre-training-like) distribution, as one ``{"input_ids", "labels"}`` batch each, for training-free evaluations
@@ -23,7 +23,7 @@ from litlab.datamodules.sums_task import (
     pretraining_text,
     task_pairs,
 )
-from litlab.lit_modules.core.contracts import check_protocol
+from litlab.lit_modules.core.contracts import check_data
 
 __all__ = [
     "DOMAINS",
@@ -55,10 +55,6 @@ class TaskData(Protocol):
     def examples(self) -> list[tuple[str, str]]: ...
 
     def eval_pairs(self) -> list[tuple[str, str]]: ...
-
-
-def check_data(dm: object, user: str, protocol: type = DomainEvalData) -> None:
-    check_protocol(dm, protocol, user)
 
 
 def domain_eval_set(

@@ -50,7 +50,7 @@ from torch.func import functional_call
 from litlab.lit_modules.analysis import heads as H
 from litlab.lit_modules.analysis import spectral as S
 from litlab.lit_modules.analysis.checkpoints import head_counts
-from litlab.lit_modules.analysis.contract import check_data
+from litlab.lit_modules.analysis.contract import DomainEvalData, check_data
 from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.core.hf import load_causal_lm, load_smollm2
 from litlab.lit_modules.core.io import atomic_write_json
@@ -584,7 +584,7 @@ class DiffractCPT(L.LightningModule):
         self.last_analysis: dict | None = None
 
     def setup(self, stage: str) -> None:
-        check_data(self.trainer.datamodule, type(self).__name__)
+        check_data(self.trainer.datamodule, DomainEvalData, type(self).__name__)
 
     def _loss(self, batch) -> Tensor:
         logits = self.model(batch["input_ids"])

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from litlab.lit_modules.analysis import curvature as C
-from litlab.lit_modules.analysis.contract import check_data
+from litlab.lit_modules.analysis.contract import DomainEvalData, check_data
 from litlab.lit_modules.analysis.diffract import TinyBase, lm_losses
 from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.core.errors import ConfigError
@@ -514,7 +514,7 @@ class LockInFT(L.LightningModule):
         return eig
 
     def setup(self, stage: str) -> None:
-        check_data(self.trainer.datamodule, type(self).__name__)
+        check_data(self.trainer.datamodule, DomainEvalData, type(self).__name__)
 
     def on_fit_start(self) -> None:
         if self.trainer.fast_dev_run:  # a smoke run (one step): no curvature basis, no probes

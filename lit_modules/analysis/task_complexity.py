@@ -663,7 +663,7 @@ class TaskComplexity(L.LightningModule):
         self.rows: list[dict] = []
 
     def setup(self, stage: str) -> None:
-        check_data(self.trainer.datamodule, type(self).__name__, TaskData)
+        check_data(self.trainer.datamodule, TaskData, type(self).__name__)
 
     def configure_optimizers(self):
         # the strategies optimise copies of the model with their own optimizers; this one only makes the single

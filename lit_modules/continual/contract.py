@@ -14,7 +14,7 @@ below work; ``litlab.datamodules.continual.ContinualDataModule`` and
 * ``TaskEndCallback``  a callback the harness calls as ``on_task_end(trainer, module, t)`` after its own work
                        at the end of task ``t`` and before that epoch's checkpoint.
 
-``check_data(dm, protocol, user)`` (``litlab.lit_modules.core.contracts.check_protocol``) raises
+``check_data(dm, protocol, user)`` (``litlab.lit_modules.core.contracts.check_data``, re-exported here) raises
 ``ContractError`` naming the class and the first missing member; the harness calls it once, when it builds
 the model (``setup``), and ``task_end_callbacks`` once per fit; ``AccuracyMatrixCallback`` checks
 ``TaskTestSets`` in its ``setup``.
@@ -29,8 +29,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from litlab.lit_modules.core.contracts import check_protocol
+from litlab.lit_modules.core.contracts import check_data
 from litlab.lit_modules.core.errors import ContractError
+
+__all__ = ["ContinualData", "TaskEndCallback", "TaskTestSets", "check_data", "task_end_callbacks"]
 
 
 @runtime_checkable
@@ -81,18 +83,6 @@ class TaskEndCallback(Protocol):
     """A Lightning callback that also hears about the end of each task."""
 
     def on_task_end(self, trainer: Any, pl_module: Any, t: int) -> None: ...
-
-
-def check_data(dm: object, protocol: type, user: str) -> None:
-    """``ContractError`` naming ``dm``'s class and the first member of ``protocol`` it lacks. Members set in
-    the DataModule's ``setup`` are missing when it has not run: the Trainer runs it before the module's
-    ``setup``."""
-    try:
-        check_protocol(dm, protocol, user)
-    except ContractError as err:
-        raise ContractError(
-            f"{err}; a member the DataModule sets in setup() is missing until setup() ran"
-        ) from None
 
 
 def task_end_callbacks(callbacks: Iterable[Any]) -> list[TaskEndCallback]:

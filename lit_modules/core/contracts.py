@@ -57,3 +57,16 @@ def check_protocol(obj: object, protocol: type, user: str, members: Iterable[str
             and not callable(inspect.getattr_static(obj, name))
         ):
             raise ContractError(f"{name_of}.{name} must be a method ({where})")
+
+
+def check_data(dm: object, protocol: type, user: str) -> None:
+    """``check_protocol`` for a DataModule: the check a family runs once, when its module is set up.
+
+    The error also says that a member the DataModule sets in its own ``setup()`` is missing until that ran (the
+    Trainer runs it before the module's ``setup``; a DataModule checked by hand may not have run it yet)."""
+    try:
+        check_protocol(dm, protocol, user)
+    except ContractError as err:
+        raise ContractError(
+            f"{err}; a member the DataModule sets in setup() is missing until setup() ran"
+        ) from None

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from litlab.datamodules.continual_concepts import CIFC_LAYOUT, tokenize
 from litlab.datamodules.synthetic_vsr import bicubic_up
-from litlab.lit_modules.core.contracts import check_protocol
+from litlab.lit_modules.core.contracts import check_data
 
 __all__ = [
     "CIFC_LAYOUT",
@@ -31,7 +31,6 @@ __all__ = [
     "VideoSRData",
     "bicubic_up",
     "check_data",
-    "check_vsr_data",
     "tokenize",
 ]
 
@@ -82,10 +81,6 @@ class ConceptStreamData(Protocol):
         ...
 
 
-def check_data(dm: object, user: str) -> None:
-    check_protocol(dm, ConceptStreamData, user)
-
-
 @runtime_checkable
 class VideoSRData(Protocol):
     frames: int
@@ -103,7 +98,3 @@ class VideoSRData(Protocol):
     def train_dataloader(self): ...
 
     def val_dataloader(self): ...
-
-
-def check_vsr_data(dm: object, user: str) -> None:
-    check_protocol(dm, VideoSRData, user)

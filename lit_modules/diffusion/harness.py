@@ -53,7 +53,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from litlab.lit_modules.diffusion.contract import check_data
+from litlab.lit_modules.diffusion.contract import ConceptStreamData, check_data
 from litlab.lit_modules.diffusion.ddpm import (
     LatentT2I,
     TinyT2IConfig,
@@ -124,7 +124,7 @@ class ContinualNeuronTuning(L.LightningModule):
         if self.gs is not None:
             return
         dm = self.trainer.datamodule
-        check_data(dm, type(self).__qualname__)
+        check_data(dm, ConceptStreamData, type(self).__qualname__)
         if self.model is None:
             if getattr(dm, "data_root", None) is not None:
                 raise ValueError(

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
-from litlab.lit_modules.diffusion.contract import bicubic_up, check_vsr_data
+from litlab.lit_modules.diffusion.contract import VideoSRData, bicubic_up, check_data
 from litlab.lit_modules.diffusion.dit import TinyDiTConfig, WanLatentBackbone, pretrained_tiny_dit
 from litlab.lit_modules.diffusion.flow_matching import FlowMatchingObjective
 from litlab.lit_modules.diffusion.freeze import freeze_
@@ -162,7 +162,7 @@ class FrozenDiTVSR(L.LightningModule):
         if self._built:
             return
         dm = self.trainer.datamodule
-        check_vsr_data(dm, type(self).__qualname__)
+        check_data(dm, VideoSRData, type(self).__qualname__)
         self.scale = int(dm.scale)
         if self.backbone is None:
             self.backbone = freeze_(pretrained_tiny_dit(self.backbone_cfg, dm, self.hparams.base_seed))

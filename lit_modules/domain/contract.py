@@ -25,8 +25,7 @@ from litlab.datamodules.domain import (
     check_domain_folder,
     weak_augment,
 )
-from litlab.lit_modules.core.contracts import check_protocol
-from litlab.lit_modules.core.errors import ContractError
+from litlab.lit_modules.core.contracts import check_data
 
 __all__ = [
     "DOMAIN_LAYOUTS",
@@ -70,12 +69,3 @@ class SourceFreeData(DomainData, Protocol):
     def train_dataloader(self) -> DataLoader: ...
 
     def val_dataloader(self) -> DataLoader: ...
-
-
-def check_data(dm: object, protocol: type, user: str) -> None:
-    try:
-        check_protocol(dm, protocol, user)
-    except ContractError as err:
-        raise ContractError(
-            f"{err}; a member the DataModule sets in setup() is missing until setup() ran"
-        ) from None
