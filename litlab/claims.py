@@ -44,8 +44,10 @@ import operator
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from litlab.cards import MIN_SEEDS_WIDE, STAND_IN_ROLES, Card, Claim, Ref
+from litlab.cards import MIN_SEEDS_WIDE, STAND_IN_ROLES, Card, Claim, Ref, load_card
+from litlab.lit_modules.core.errors import CardError
 
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq}
 RECORDED_DECIMALS = 6  # `--record` rounds every number to this many decimals
@@ -553,3 +555,16 @@ def card_verdict(card: Card, results: list[ClaimResult], scale: str) -> tuple[st
             ]
         )
     return status, reason
+
+
+def load_checked_card(
+    path: str | Path, check_falsifiable: bool = True, check_preregistration: bool = True
+) -> Card:
+    """``litlab.cards.load_card``, and with ``check_falsifiable`` no passing claim of the card's recorded
+    numbers may survive the substitution of a baseline or floor run (``refutations``)."""
+    card = load_card(path, check_preregistration=check_preregistration)
+    if check_falsifiable:
+        problems = refutations(card, recorded_values(card, str(card.recorded.get("scale", ""))))
+        if problems:
+            raise CardError(f"{card.path}: refused, on its recorded numbers: " + "; ".join(problems))
+    return card

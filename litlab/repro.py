@@ -33,6 +33,7 @@ from litlab.claims import (
     drift,
     evaluate_claim,
     judge_recorded,
+    load_checked_card,
     mark_fragile,
     mismatches,
     null_table,
@@ -693,11 +694,11 @@ def main(argv: list[str]) -> int:
     )
     try:
         # --null and --rejudge show and settle what the falsifiability check refuses
-        card = load_card(card_path, check_falsifiable=not (args.null or args.rejudge))
+        card = load_checked_card(card_path, check_falsifiable=not (args.null or args.rejudge))
         if args.rejudge:
             block = rejudge_card(card)
             print(f"{card.slug}: {block['status']} ({block['status_reason']})")
-            card = load_card(card_path, check_falsifiable=False)
+            card = load_card(card_path)
         if args.null or args.rejudge:
             return print_null(card)
     except CardError as err:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from litlab.card_report import fmt
-from litlab.cards import PROJECT_ROOT, Card, load_card
-from litlab.claims import ClaimResult, card_verdict, judge_recorded
+from litlab.cards import PROJECT_ROOT, Card
+from litlab.claims import ClaimResult, card_verdict, judge_recorded, load_checked_card
 from litlab.lit_modules.core.errors import CardError
 
 
@@ -79,7 +79,7 @@ def card_rows(cards_dir: Path | None = None) -> list[tuple[Card | None, str, str
     out = []
     for path in card_paths(cards_dir):
         try:
-            out.append((load_card(path), path.stem, ""))
+            out.append((load_checked_card(path), path.stem, ""))
         except CardError as err:
             out.append((None, path.stem, str(err)))
     return out

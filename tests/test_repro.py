@@ -8,7 +8,15 @@ import pytest
 import yaml
 
 from litlab.cards import Ref, check_seed_ledgers, load_card
-from litlab.claims import ClaimResult, Comparison, card_status, paired_interval, refutations, welch_interval
+from litlab.claims import (
+    ClaimResult,
+    Comparison,
+    card_status,
+    load_checked_card,
+    paired_interval,
+    refutations,
+    welch_interval,
+)
 from litlab.lit_modules.core.errors import CardError
 from litlab.lit_modules.core.results import ReportExtras
 from litlab.repro import FitRequest, fit_request, override_args, reproduce
@@ -301,7 +309,7 @@ def test_a_claim_that_cannot_tell_the_method_from_a_baseline_is_refused(tmp_path
     with pytest.raises(
         CardError, match="refused, on its recorded numbers: claim 'plus_beats_zero' cannot tell"
     ):
-        load_card(path)
+        load_checked_card(path)
     assert repro_main([str(path), "--null"]) == 2
     shown = capsys.readouterr().out
     assert "plus_beats_zero" in shown and "lora:val/rel_err" in shown and "HOLDS: refused" in shown
@@ -505,7 +513,7 @@ def test_same_units_lets_a_claim_compare_two_scalars_of_one_fit(tmp_path):
     text = TINY_CARD.replace("against: [lora]", "against: [lora:val/delta_rank]", 1).replace(
         "margin: 0.1", "margin: 0.1\n    same_units: true", 1
     )
-    card = load_card(write_card(tmp_path, text), check_falsifiable=False)
+    card = load_card(write_card(tmp_path, text))
     claim = next(c for c in card.claims if c.id == "plus_beats_lora")
     assert claim.same_units and claim.against == (Ref("lora", "val/delta_rank"),)
     assert card.metrics_of("lora") == ["val/rel_err", "val/delta_rank"]
@@ -635,7 +643,7 @@ def test_cards_and_configs_resolve_in_the_users_project_first(tmp_path, monkeypa
     code = repro_main(["mine", "--seeds", "0", "--only", "lora", "--out", str(tmp_path / "out")])
     assert code == 0
     assert list((tmp_path / "out" / "mine").glob("matrix/*-s0/summary.json"))
-    args = fit_args(load_card(project / "seeds/mine.yaml"), "lora", "quick", 0, tmp_path, [])
+    args = fit_request(load_card(project / "seeds/mine.yaml"), "lora", "quick", 0, tmp_path, []).cli_args()
     assert f"--config={project / 'configs/mine/matrix.yaml'}" in args
     rows = {slug: card for card, slug, _ in card_rows()}
     assert rows["mine"].title == "My own card" and rows["lokra"].title == "My lokra"
