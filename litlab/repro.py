@@ -623,6 +623,29 @@ def print_null(card: Card) -> int:
     return 2 if problems else 0
 
 
+def print_plan(
+    card: Card, scale: str, seeds: list[int] | None, only: list[str] | None, include_optional: bool
+) -> int:
+    """The fits a reproduction would run, one line per run (nothing is imported or built)."""
+    seeds = list(seeds if seeds is not None else card.seeds[scale])
+    runs = card.runs_for(scale)
+    chosen = {n: r for n, r in runs.items() if (n in only if only else include_optional or not r.optional)}
+    unknown = set(only or ()) - set(runs)
+    if unknown:
+        print(f"litlab repro: --only names unknown runs {sorted(unknown)}; the card has {sorted(runs)}")
+        return 2
+    print(
+        f"{card.slug} at scale {scale}: {len(chosen)} runs x {len(seeds)} seeds {seeds} = {len(chosen) * len(seeds)} fits"
+    )
+    for name, spec in chosen.items():
+        overrides = " ".join(override_args(spec.all_overrides(scale))) or "(none)"
+        print(f"  {name:<24} {spec.role:<9} {spec.config_path(scale)}  {overrides}")
+    left_out = sorted(set(runs) - set(chosen))
+    if left_out:
+        print(f"  not run: {', '.join(left_out)} (optional: --all, or name them with --only)")
+    return 0
+
+
 def print_drift(card: Card, res: CardResult) -> None:
     """Per run: how far its numbers moved from the recorded ones, and whether within the card's tolerance."""
     tol = card.determinism
@@ -674,6 +697,11 @@ def main(argv: list[str]) -> int:
         help="judge the claims again on the recorded numbers (after an amendment) and write the verdicts; run nothing",
     )
     parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the fits this invocation would run (run, role, seeds, config, overrides); run nothing",
+    )
+    parser.add_argument(
         "--check-recorded",
         action="store_true",
         help="exit 1 when a seed's number differs from the recorded one beyond the card's determinism tolerance",
@@ -701,6 +729,8 @@ def main(argv: list[str]) -> int:
             card = load_card(card_path)
         if args.null or args.rejudge:
             return print_null(card)
+        if args.plan:
+            return print_plan(card, args.scale, args.seeds, args.only, args.all)
     except CardError as err:
         print(f"litlab repro: {err}", file=sys.stderr)
         return 2

@@ -678,3 +678,12 @@ def test_a_worker_exits_when_its_repro_dies(tmp_path):
         time.sleep(0.1)
     os.kill(pid, 9)
     raise AssertionError(f"worker {pid} outlived its parent by 20 s")
+
+
+def test_plan_lists_the_fits_without_running(tmp_path, capsys):
+    path = write_card(tmp_path)
+    assert repro_main([str(path), "--plan", "--seeds", "0,1"]) == 0
+    out = capsys.readouterr().out
+    assert "3 runs x 2 seeds [0, 1] = 6 fits" in out and "plus" in out and "method" in out
+    assert "--model.init_args.mode=lokra_plus" in out and not (tmp_path / "runs").exists()
+    assert repro_main([str(path), "--plan", "--only", "nope"]) == 2
