@@ -178,11 +178,8 @@ class LoRDOLMModule(L.LightningModule):
                 error_feedback=lr_cfg.error_feedback,
                 update_proj_gap=lr_cfg.update_proj_gap,
             )
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
         sched = warmup_then_decay_lr(
-            opt,
-            warmup_steps=hp.warmup_steps,
-            total_steps=max(int(self.trainer.estimated_stepping_batches), 1),
-            decay="cosine",
-            min_ratio=hp.min_lr_ratio,
+            opt, warmup_steps=hp.warmup_steps, total_steps=total, decay="cosine", min_ratio=hp.min_lr_ratio
         )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

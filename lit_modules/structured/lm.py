@@ -122,11 +122,8 @@ class DecoderLM(L.LightningModule):
         opt = torch.optim.AdamW(
             self.parameters(), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps, weight_decay=hp.weight_decay
         )
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
         sched = warmup_then_decay_lr(
-            opt,
-            warmup_steps=hp.warmup_steps,
-            total_steps=max(int(self.trainer.estimated_stepping_batches), 1),
-            decay="cosine",
-            min_ratio=hp.min_lr_ratio,
+            opt, warmup_steps=hp.warmup_steps, total_steps=total, decay="cosine", min_ratio=hp.min_lr_ratio
         )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
