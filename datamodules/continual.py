@@ -7,16 +7,17 @@ the task of the current epoch. A checkpoint at an epoch boundary therefore resum
 extra state here. Test sets stay per task (``task_test_loader(j)``) for the accuracy matrix R[i, j].
 
 Benchmarks (data that ships with a package, no download):
-* ``digits``  sklearn's 8×8 digits, /16, stratified 70/30 split with ``random_state=split_seed`` → (1, 8, 8)
-  images.
+* ``digits``  sklearn's 8×8 digits, /16, stratified 70/30 split drawn from the run's ``data.split`` stream →
+  (1, 8, 8) images.
 * ``text``    which of 10 stdlib modules a 64-character docstring snippet comes from (local corpus) → (64,)
   ids.
 * ``mnist1d`` MNIST-1D (Greydanus, "Scaling Down Deep Learning", arXiv 2011.14439) generated locally with
-  ``mnist1d.data.make_dataset(get_dataset_args())`` (4000/1000, 40 features), standardised, cut into 10
-  tokens of 4 → (10, 4) token sequences. Cached in LITLAB_CACHE.
+  ``mnist1d.data.make_dataset(get_dataset_args())`` (4000/1000, 40 features; the generator seeded from the run's
+  ``data`` stream), standardised, cut into 10 tokens of 4 → (10, 4) token sequences. Cached in LITLAB_CACHE.
 
 Scenarios:
-* ``split``    class-incremental: classes (in ``class_order_seed`` order, or sorted) chunked into tasks.
+* ``split``    class-incremental: classes (``class_order``: sorted, or shuffled by the run's ``data.class_order``
+               stream) chunked into tasks.
 * ``permuted`` domain-incremental: all classes every task; task t > 0 applies a fixed random feature
                permutation.
 * ``rotated``  domain-incremental: task t rotates digits by t·``rotation_step`` degrees (MNIST-1D: circular
@@ -24,16 +25,17 @@ Scenarios:
 
 ``cumulative=True`` trains task t on the union of tasks 0..t (the joint-training upper bound).
 
-Seeds: ``split_seed`` draws the data (the digits / text train-test split, MNIST-1D's generation; 0 is the
-historical fixed draw), ``class_order_seed`` the class order, ``task_seed`` the permutations. A card that
-wants its seeds to vary the data passes ``"{seed}"`` to them.
+Seeds: none of its own. Every random draw takes a named stream of the run's one seed
+(``litlab.lit_modules.core.seeding.derive_seed``): ``data.split`` the digits / text train-test split, ``data``
+MNIST-1D's generation, ``data.class_order`` the shuffled class order, ``data.permutation`` the permuted scenario's
+feature permutations, ``data.order`` the batch order of each epoch. So the runs of one card seed see the same
+tasks, and another seed draws other ones.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -47,6 +49,7 @@ from litlab.datamodules.bundled import load_bundled
 from litlab.lit_modules.core.corpus import CharTokenizer, module_docstrings, normalise
 from litlab.lit_modules.core.errors import DatasetUnavailableError
 from litlab.lit_modules.core.io import atomic_path, cache_dir
+from litlab.lit_modules.core.seeding import derive_seed, fingerprint, record_artefact
 
 Benchmark = Literal["digits", "mnist1d", "text", "imagenet_r", "cifar100", "domainnet"]
 # ``text``: which stdlib module a 64-character docstring snippet comes from (the local corpus of
@@ -77,7 +80,7 @@ FOLDER_BENCHMARKS = {
 Scenario = Literal["split", "permuted", "rotated"]
 
 
-def load_digits_split(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def load_digits_split(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """sklearn digits /16, stratified 70/30 train/test split drawn with ``random_state=seed``."""
     from sklearn.model_selection import train_test_split
 
@@ -87,11 +90,12 @@ def load_digits_split(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.
     return to_img(Xtr), torch.tensor(ytr), to_img(Xte), torch.tensor(yte)
 
 
-def load_mnist1d(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def load_mnist1d(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """MNIST-1D made locally (never ``get_dataset()``, which downloads); cached as a tensor file. ``seed`` 0 is
     the package's default generation; another seed replaces the generator's seed (a new draw of the data)."""
 
     path = cache_dir() / ("mnist1d-default.pt" if seed == 0 else f"mnist1d-seed{seed}.pt")
+    record_artefact("mnist1d", fingerprint("mnist1d", seed))  # a cached data set: the ledger names its draw
     if path.exists():
         d = torch.load(path, weights_only=True)
     else:
@@ -112,7 +116,7 @@ def load_mnist1d(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return tok(x), d["y"].long(), tok(xt), d["y_test"].long()
 
 
-def load_text_snippets(chars: int = 64, per_class: int = 280, seed: int = 0) -> tuple[torch.Tensor, ...]:
+def load_text_snippets(seed: int, chars: int = 64, per_class: int = 280) -> tuple[torch.Tensor, ...]:
     """Character ids of non-overlapping ``chars``-long docstring windows of each of ``TEXT_MODULES`` (label =
     module), ``per_class`` windows each, drawn and split 70/30 with ``seed``."""
     tok, gen = CharTokenizer(), torch.Generator().manual_seed(seed)
@@ -149,9 +153,7 @@ class ContinualDataModule(L.LightningDataModule):
         num_tasks: int = 5,
         epochs_per_task: int = 3,
         batch_size: int = 32,
-        class_order_seed: int | None = None,
-        task_seed: int = 0,
-        split_seed: int = 0,
+        class_order: Literal["sorted", "shuffled"] = "sorted",
         rotation_step: float = 30.0,
         shift_step: int = 4,
         cumulative: bool = False,
@@ -173,6 +175,8 @@ class ContinualDataModule(L.LightningDataModule):
             )
         if scenario not in ("split", "permuted", "rotated"):
             raise ValueError(f"unknown scenario {scenario!r}; expected 'split', 'permuted' or 'rotated'")
+        if class_order not in ("sorted", "shuffled"):
+            raise ValueError(f"class_order must be 'sorted' or 'shuffled', got {class_order!r}")
         if num_tasks < 1 or epochs_per_task < 1 or batch_size < 1:
             raise ValueError(
                 f"num_tasks, epochs_per_task and batch_size must be >= 1, got "
@@ -196,11 +200,11 @@ class ContinualDataModule(L.LightningDataModule):
             self._setup_folders()
             self._ready = True
             return
-        xtr, ytr, xte, yte = {
-            "digits": load_digits_split,
-            "mnist1d": load_mnist1d,
-            "text": load_text_snippets,
-        }[hp.benchmark](seed=hp.split_seed)
+        if hp.benchmark == "mnist1d":  # generated: the draw is the data itself
+            xtr, ytr, xte, yte = load_mnist1d(derive_seed("data"))
+        else:  # a fixed data set: the draw is its train-test split
+            load = load_digits_split if hp.benchmark == "digits" else load_text_snippets
+            xtr, ytr, xte, yte = load(derive_seed("data.split"))
         self.pretext_inputs = xtr  # unlabelled, untransformed training inputs for backbone pre-training
         self.input_kind = {"digits": "image", "mnist1d": "tokens", "text": "text"}[hp.benchmark]
         self.input_shape = tuple(xtr.shape[1:])
@@ -217,11 +221,11 @@ class ContinualDataModule(L.LightningDataModule):
 
     def _class_split(self) -> list[list[int]]:
         hp, n = self.hparams, self.num_classes
-        order = (
-            list(range(n))
-            if hp.class_order_seed is None
-            else torch.randperm(n, generator=torch.Generator().manual_seed(hp.class_order_seed)).tolist()
-        )
+        if hp.class_order == "sorted":
+            order = list(range(n))
+        else:
+            gen = torch.Generator().manual_seed(derive_seed("data.class_order"))
+            order = torch.randperm(n, generator=gen).tolist()
         per = n // hp.num_tasks
         return [order[t * per : (t + 1) * per] for t in range(hp.num_tasks)]
 
@@ -250,7 +254,7 @@ class ContinualDataModule(L.LightningDataModule):
         if hp.scenario == "permuted":
             flat = x.reshape(x.shape[0], -1)
             perm = torch.randperm(
-                flat.shape[1], generator=torch.Generator().manual_seed(1000 * hp.task_seed + t)
+                flat.shape[1], generator=torch.Generator().manual_seed(derive_seed("data.permutation") + t)
             )
             return flat[:, perm].reshape(x.shape)
         if hp.benchmark == "digits":
@@ -303,8 +307,8 @@ class ContinualDataModule(L.LightningDataModule):
             )
         t = self.current_task
         # the shuffle depends on (run seed, epoch) only: a run resumed from a checkpoint sees the same batches
-        seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) + 1000 * (trainer.current_epoch if trainer else 0)
-        gen = torch.Generator().manual_seed(seed)
+        epoch = trainer.current_epoch if trainer else 0
+        gen = torch.Generator().manual_seed(derive_seed("data.order") + 1000 * epoch)
         data = self._task_train(t)
         order = torch.randperm(len(data), generator=gen).tolist()  # fixed at creation: the same however often
         return DataLoader(

@@ -2,6 +2,7 @@
 its DataModule and from a task-end callback, checked once at setup; the Trainer alone runs the DataModule's
 hooks; the family's report and the step-time benchmark."""
 
+import dataclasses
 import json
 
 import lightning as L
@@ -17,25 +18,21 @@ from litlab.lit_modules.continual.contract import (
     TaskTestSets,
     task_end_callbacks,
 )
-from litlab.lit_modules.continual.harness import SequentialLoRA
+from litlab.lit_modules.continual.harness import Backbone, SequentialLoRA
 from litlab.lit_modules.continual.report import accuracy_matrix_report
 from litlab.lit_modules.core.contracts import protocol_members
 from litlab.lit_modules.core.errors import ContractError
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult, SeedRun
 
-FAST = dict(pretrain_epochs=2)
+FAST = dict(backbone=Backbone(pretrain_epochs=2))
 
 
-def _trainer(dm, root, callbacks=()):
-    return L.Trainer(
-        default_root_dir=str(root),  # the accuracy-matrix files land here, not in the working directory
+def _trainer(quiet_trainer, dm, callbacks=()):
+    # quiet_trainer writes under the test's tmp_path: the accuracy-matrix files land there
+    return quiet_trainer(
         max_epochs=dm.num_tasks * dm.epochs_per_task,
         reload_dataloaders_every_n_epochs=1,
         callbacks=list(callbacks),
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
     )
 
 
@@ -85,10 +82,10 @@ class _CountingSetup(ContinualDataModule):
         super().setup(stage)
 
 
-def test_only_the_trainer_runs_the_datamodule_setup(tmp_path):
+def test_only_the_trainer_runs_the_datamodule_setup(quiet_trainer):
     dm = _CountingSetup(num_tasks=2, epochs_per_task=1)
     L.seed_everything(0)
-    _trainer(dm, tmp_path, [AccuracyMatrixCallback()]).fit(SequentialLoRA(**FAST), dm)
+    _trainer(quiet_trainer, dm, [AccuracyMatrixCallback()]).fit(SequentialLoRA(**FAST), dm)
     assert dm.setup_calls == ["fit"]
 
 
@@ -105,18 +102,18 @@ class _Listener(L.Callback):
         self.tasks.append(t)
 
 
-def test_task_end_callbacks_are_checked_once_and_called_in_order(tmp_path):
+def test_task_end_callbacks_are_checked_once_and_called_in_order(quiet_trainer):
     with pytest.raises(ContractError, match=r"_BadTaskEnd.on_task_end must accept \(trainer, pl_module, t\)"):
         task_end_callbacks([_BadTaskEnd()])
     plain, listener = L.Callback(), _Listener()
     assert task_end_callbacks([plain, listener]) == [listener]
     dm = ContinualDataModule(num_tasks=2, epochs_per_task=1)
     L.seed_everything(0)
-    _trainer(dm, tmp_path, [listener]).fit(SequentialLoRA(**FAST), dm)
+    _trainer(quiet_trainer, dm, [listener]).fit(SequentialLoRA(**FAST), dm)
     assert listener.tasks == [0, 1]
     dm = ContinualDataModule(num_tasks=2, epochs_per_task=1)
     with pytest.raises(ContractError, match="_BadTaskEnd"):
-        _trainer(dm, tmp_path, [_BadTaskEnd()]).fit(SequentialLoRA(**FAST), dm)
+        _trainer(quiet_trainer, dm, [_BadTaskEnd()]).fit(SequentialLoRA(**FAST), dm)
 
 
 def test_accuracy_matrix_callback_checks_its_datamodule():
@@ -199,5 +196,5 @@ def test_benchmark_prints_every_method_relative_to_lora(capsys, monkeypatch):
 
 
 def _fast(module):
-    module.hparams.pretrain_epochs = FAST["pretrain_epochs"]
+    module.backbone_cfg = dataclasses.replace(module.backbone_cfg, pretrain_epochs=2)
     return module

@@ -10,6 +10,7 @@ import torch
 
 from litlab.callbacks.continual import AccuracyMatrixCallback
 from litlab.datamodules.continual import ContinualDataModule
+from litlab.lit_modules.continual.harness import Backbone
 from litlab.lit_modules.continual.janus_lora import JanusLoRA
 from litlab.lit_modules.continual.loda import LoDA
 from litlab.lit_modules.core.errors import DatasetUnavailableError, ModelUnavailableError
@@ -25,7 +26,7 @@ def test_missing_benchmark_folder_fails_at_once_with_where_to_get_it():
 def test_missing_backbone_fails_at_once_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelUnavailableError, match="hf download"):
-        JanusLoRA(backbone="litlab-test/no-such-vit")
+        JanusLoRA(backbone=Backbone(name="litlab-test/no-such-vit"))
 
 
 def _image_folders(root: Path, classes=4, per_split=(6, 3), size=32):
@@ -58,7 +59,7 @@ def _tiny_vit(folder: Path) -> str:
 
 
 @pytest.mark.parametrize("method", [JanusLoRA, LoDA])
-def test_image_folder_benchmark_with_a_local_hf_vit(method, tmp_path):
+def test_image_folder_benchmark_with_a_local_hf_vit(method, tmp_path, quiet_trainer):
     _image_folders(tmp_path / "data")
     vit = _tiny_vit(tmp_path / "vit")
     dm = ContinualDataModule(
@@ -70,19 +71,12 @@ def test_image_folder_benchmark_with_a_local_hf_vit(method, tmp_path):
         image_size=32,
     )
     targets = ["k_proj", "v_proj"] if method is JanusLoRA else ["q_proj", "k_proj", "v_proj"]
-    module = method(backbone=vit, width=32, targets=targets, rank=2, alpha=2.0, eval_head="cosine", lr=0.05)
+    module = method(
+        backbone=Backbone(name=vit, width=32), targets=targets, rank=2, alpha=2.0, eval_head="cosine", lr=0.05
+    )
     acc = AccuracyMatrixCallback()
     L.seed_everything(0)
-    trainer = L.Trainer(
-        max_epochs=2,
-        reload_dataloaders_every_n_epochs=1,
-        callbacks=[acc],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=str(tmp_path),
-    )
+    trainer = quiet_trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, callbacks=[acc])
     trainer.fit(module, dm)
     assert dm.num_classes == 4 and len(acc.R) == 2 and "cl/acc" in trainer.callback_metrics
     assert len(module.adapted) == 2 * len(targets)

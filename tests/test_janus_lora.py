@@ -10,9 +10,11 @@ import torch
 
 from litlab.datamodules.continual import ContinualDataModule
 from litlab.lit_modules.continual.baselines import LoRAGPM
+from litlab.lit_modules.continual.harness import Backbone
 from litlab.lit_modules.continual.janus_lora import JanusLoRA, decoupled_margin_loss
 
-FAST = dict(pretrain_epochs=2)  # a weak backbone is enough for the mechanism checks; cached per session
+# a weak backbone is enough for the mechanism checks; cached per session
+FAST = dict(backbone=Backbone(pretrain_epochs=2))
 
 
 def _dm():

@@ -12,6 +12,7 @@ import torch
 
 from litlab.datamodules.continual import ContinualDataModule
 from litlab.lit_modules.continual import janus_lora as janus_module
+from litlab.lit_modules.continual.harness import Backbone
 from litlab.lit_modules.continual.janus_lora import JanusLoRA
 
 TARGET = 1.0e-9  # gr_violation_zero: op "<", target 1e-9
@@ -20,7 +21,7 @@ TARGET = 1.0e-9  # gr_violation_zero: op "<", target 1e-9
 def _witness_after_two_tasks() -> float:
     dm = ContinualDataModule(epochs_per_task=1, batch_size=32)
     dm.setup()
-    module = JanusLoRA(factor_dtype="float64", pretrain_epochs=2)
+    module = JanusLoRA(factor_dtype="float64", backbone=Backbone(pretrain_epochs=2))
     torch.manual_seed(0)
     module.build(dm)
     params = list(module.configure_optimizers().param_groups[0]["params"])

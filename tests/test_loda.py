@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from litlab.datamodules.continual import ContinualDataModule
+from litlab.lit_modules.continual.harness import Backbone
 from litlab.lit_modules.continual.loda import LoDA
 
-FAST = dict(pretrain_epochs=2)
+FAST = dict(backbone=Backbone(pretrain_epochs=2))
 
 
 def _dm():

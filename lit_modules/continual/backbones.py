@@ -39,7 +39,8 @@ def pretrained_backbone(
 ) -> TinyViT:
     """TinyViT trained on a 4-way pretext task over the *unlabelled* training inputs (no class information
     leaks), pretext head discarded; cached in LITLAB_CACHE keyed by data and arguments. ``seed`` (init and batch
-    order) makes the backbone a seeded family: a card passes its seed so that seeds vary the backbone too. For images the pretext
+    order) makes the backbone a seeded family: the harness passes the run's ``backbone`` stream
+    (``core.seeding.derive_seed``), so every run seed has its own backbone. For images the pretext
     is rotation prediction ("Unsupervised Representation Learning by Predicting Image Rotations", Gidaris,
     Singh & Komodakis, ICLR 2018)."""
     shape = tuple(inputs.shape[1:])
@@ -109,12 +110,13 @@ class HFViTFeatures(nn.Module):
 
 class TinyGPTFeatures(nn.Module):
     """The text backbone: a TinyGPT pre-trained locally on the first half of the docstring corpus
-    (``pretrained_tiny_gpt``, no labels), features = mean over tokens of the final LayerNorm output.
-    Adapter targets: ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``up_proj``, ``down_proj``."""
+    (``pretrained_tiny_gpt``, no labels; ``seed`` its init and windows), features = mean over tokens of the final
+    LayerNorm output. Adapter targets: ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``up_proj``,
+    ``down_proj``."""
 
-    def __init__(self, d_model: int):
+    def __init__(self, d_model: int, seed: int):
         super().__init__()
-        self.gpt = pretrained_tiny_gpt(d_model=d_model)
+        self.gpt = pretrained_tiny_gpt(d_model=d_model, seed=seed)
 
     def forward_features(self, ids: Tensor) -> Tensor:
         g = self.gpt

@@ -2,8 +2,9 @@
 
 ``SequentialLoRA`` is the harness and itself the unprotected baseline (sequential fine-tuning of one LoRA):
 
-    frozen backbone (TinyViT, pre-trained locally without labels; ``backbone_seed`` picks the member of that
-                    seeded family: its init and batch order) + LoRA on ``targets``
+    frozen backbone (``backbone: Backbone``; TinyViT pre-trained locally without labels, its init and batch order
+                    drawn from the run's ``backbone`` stream: one member of that family per run seed) + LoRA
+                    on ``targets``
     train:  masked cosine CE on the current task's classes (cumulative data → joint-training upper bound)
     eval:   NCM prototypes μ_c = normalize(mean z) of each class, stored right after its task (exemplar-free)
 
@@ -52,7 +53,29 @@ from litlab.lit_modules.core.adapters import (
     target_linear_names,
     transform_adapter_updates,
 )
+from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.core.rank_plan import planned_ranks
+from litlab.lit_modules.core.seeding import derive_seed
+
+
+@config_part
+class Backbone:
+    """The frozen feature extractor. ``name="tinyvit"``: the CPU toy's TinyViT (``width``, ``depth``, ``heads``,
+    ``mlp_dim``) pre-trained here without labels for ``pretrain_epochs`` at ``pretrain_lr`` (on the text
+    benchmark: the locally pre-trained TinyGPT of ``width``), one per run seed; any other name is a Hugging Face
+    ViT id or folder (full scale), whose hidden size ``width`` must give. In YAML:
+    ``model.init_args.backbone.width``."""
+
+    name: str = "tinyvit"
+    width: int = 64
+    depth: int = 2
+    heads: int = 4
+    mlp_dim: int = 128
+    pretrain_epochs: int = 30
+    pretrain_lr: float = 3e-3
+
+
+BACKBONE = Backbone()  # frozen: one shared default instance is safe
 
 
 class SequentialLoRA(L.LightningModule):
@@ -70,23 +93,17 @@ class SequentialLoRA(L.LightningModule):
         weight_decay: float = 0.0,
         head_scale: float = 16.0,
         eval_head: Literal["ncm", "cosine"] = "ncm",
-        width: int = 64,
-        depth: int = 2,
-        heads: int = 4,
-        mlp_dim: int = 128,
-        pretrain_epochs: int = 30,
-        pretrain_lr: float = 3e-3,
-        backbone_seed: int = 0,
         factor_dtype: Literal["float32", "float64"] = "float32",
-        backbone: str = "tinyvit",
         optimizer: Literal["sgd", "adam"] = "sgd",
         rank_plan: str | None = None,
+        backbone: Backbone = BACKBONE,
     ):
         """``rank_plan``: a CSPLoRA plan file (``litlab plan``) giving per-module ranks for this budget
         (``rank`` is then the average rank r_base; α stays fixed, so each module's scale is α / r_l)."""
         super().__init__()
         self.save_hyperparameters()
-        check_backbone_available(backbone)
+        self.backbone_cfg = as_config(Backbone, backbone, "model.init_args.backbone")
+        check_backbone_available(self.backbone_cfg.name)
         if eval_head not in ("ncm", "cosine"):
             raise ValueError(f"eval_head must be 'ncm' or 'cosine', got {eval_head!r}")
         if optimizer not in ("sgd", "adam"):
@@ -99,7 +116,7 @@ class SequentialLoRA(L.LightningModule):
         # set by callers that step the module without a Trainer (benchmarks, tests)
         self._standalone_opt: torch.optim.Optimizer | None = None
         self._task_end_callbacks: list[TaskEndCallback] = []
-        self.register_buffer("proto_means", torch.zeros(0, width), persistent=False)
+        self.register_buffer("proto_means", torch.zeros(0, self.backbone_cfg.width), persistent=False)
         self.register_buffer("proto_labels", torch.zeros(0, dtype=torch.long), persistent=False)
         self.proto_tasks = torch.zeros(0, dtype=torch.long)
         self.register_buffer("class_mask", torch.zeros(0, dtype=torch.bool), persistent=False)
@@ -115,38 +132,38 @@ class SequentialLoRA(L.LightningModule):
     def build(self, dm: ContinualData) -> None:
         """Backbone, adapters and classifier for a DataModule whose ``setup`` has run (by the Trainer, or by
         the caller of a module stepped without one)."""
-        hp = self.hparams
+        cfg = self.backbone_cfg
         check_data(dm, ContinualData, type(self).__name__)
-        if hp.backbone == "tinyvit" and dm.input_kind == "text":  # text toy: a locally pre-trained char LM
-            self.backbone = TinyGPTFeatures(hp.width)
-        elif hp.backbone == "tinyvit":  # CPU toy: pre-trained here without labels, cached
+        if cfg.name == "tinyvit" and dm.input_kind == "text":  # text toy: a locally pre-trained char LM
+            self.backbone = TinyGPTFeatures(cfg.width, seed=derive_seed("backbone"))
+        elif cfg.name == "tinyvit":  # CPU toy: pre-trained here without labels, cached
             self.backbone = pretrained_backbone(
                 dm.pretext_inputs,
                 dm.input_kind,
-                hp.width,
-                hp.depth,
-                hp.heads,
-                hp.mlp_dim,
-                hp.pretrain_epochs,
-                hp.pretrain_lr,
-                seed=hp.backbone_seed,
+                width=cfg.width,
+                depth=cfg.depth,
+                heads=cfg.heads,
+                mlp_dim=cfg.mlp_dim,
+                epochs=cfg.pretrain_epochs,
+                lr=cfg.pretrain_lr,
+                seed=derive_seed("backbone"),
             )
-        else:  # full scale: a Hugging Face ViT (id or local folder)
-            self.backbone = HFViTFeatures(hp.backbone)
-            if self.backbone.width != hp.width:
+        else:  # full scale: a Hugging Face ViT (id or local folder): the published weights, no seed
+            self.backbone = HFViTFeatures(cfg.name)
+            if self.backbone.width != cfg.width:
                 raise ValueError(
-                    f"model.init_args.width={hp.width} but {hp.backbone} has hidden size "
+                    f"model.init_args.backbone.width={cfg.width} but {cfg.name} has hidden size "
                     f"{self.backbone.width}: set width to it"
                 )
         self.backbone.requires_grad_(False)
         self.adapted = self.inject(self.backbone)
         # float64 factors: an exact-arithmetic witness of the subspace invariants on small models
-        if hp.factor_dtype == "float64":
+        if self.hparams.factor_dtype == "float64":
             for layer in self.adapted.values():
                 for b in layer.branches.values():
                     for p in b.factors().values():
                         p.data = p.data.double()
-        self.head = nn.Parameter(torch.randn(dm.num_classes, hp.width) * 0.02)  # cosine classifier rows w_c
+        self.head = nn.Parameter(torch.randn(dm.num_classes, cfg.width) * 0.02)  # cosine classifier rows w_c
         self.class_mask = torch.zeros(dm.num_classes, dtype=torch.bool)
 
     def inject(self, backbone: nn.Module) -> dict[str, AdapterLinear]:
