@@ -55,6 +55,20 @@ def timer(cpu: bool):
     return wall
 
 
+# A rate in the table's unit is work (FLOPs, int8 ops or bytes) per millisecond divided by this.
+PER_MS = {"TFLOP/s": 1e9, "TOP/s": 1e9, "GB/s": 1e6}
+
+
+def table_row(kernel: str, case: str, ms: float, work: float, unit: str, floor_ms: float) -> tuple:
+    """One row of the table: the rate at which ``work`` was done in ``ms``, beside the roofline floor."""
+    return (kernel, case, ms, work / ms / PER_MS[unit], unit, floor_ms)
+
+
+def roofline_ms(work: float, peak_per_s: float) -> float:
+    """The time ``work`` takes at the datasheet's peak rate: no kernel is faster."""
+    return 1e3 * work / peak_per_s
+
+
 def sink_local_random_mask(B, H, N, bq, bk, rho, device):
     """Reserved sink + local-128 blocks plus random middle blocks at density ``rho``."""
     nq, nk = math.ceil(N / bq), math.ceil(N / bk)
@@ -75,30 +89,15 @@ def bench_a(quick, dev, dtype, measure, peak):
         k, v = (torch.randn(1, Hk, N, d, device=dev, dtype=dtype) for _ in range(2))
         sdpa_ms = measure(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
         dense_flops = 2 * H * N * N * d  # causal: half of 4*H*N^2*d
-        rows.append(
-            (
-                "a",
-                f"SDPA N={N}",
-                sdpa_ms,
-                dense_flops / sdpa_ms / 1e9,
-                "TFLOP/s",
-                1e3 * dense_flops / (peak["tflops"] * 1e12),
-            )
-        )
+        floor = roofline_ms(dense_flops, peak["tflops"] * 1e12)
+        rows.append(table_row("a", f"SDPA N={N}", sdpa_ms, dense_flops, "TFLOP/s", floor))
         for rho in [1.0, 0.1] if quick else [1.0, 0.5, 0.2, 0.1, 0.05]:
             mask = sink_local_random_mask(1, H, N, 64, 32, rho, dev)
             ms = measure(lambda: block_sparse_attention(q, k, v, mask, 64, 32, impl="triton"))
             flops = 4 * 64 * 32 * d * int(mask.sum())
-            rows.append(
-                (
-                    "a",
-                    f"block-sparse N={N} rho={rho} (density {float(mask.float().mean()):.2f})",
-                    ms,
-                    flops / ms / 1e9,
-                    "TFLOP/s",
-                    1e3 * flops / (peak["tflops"] * 1e12),
-                )
-            )
+            case = f"block-sparse N={N} rho={rho} (density {float(mask.float().mean()):.2f})"
+            floor = roofline_ms(flops, peak["tflops"] * 1e12)
+            rows.append(table_row("a", case, ms, flops, "TFLOP/s", floor))
     return rows
 
 
@@ -113,26 +112,11 @@ def bench_b(quick, dev, dtype, measure, peak):
         ms_q = measure(lambda: smooth_quantize(q, k, 4))
         ms_s = measure(lambda: quant_qk_block_select(q, *quant, 0.01, impl="triton"))
         ops = H * N * N * d  # middle region ~ half the square, 2 ops per MAC
-        rows.append(
-            (
-                "b",
-                f"smooth_quantize N={N}",
-                ms_q,
-                1.8e9 * (N / 65536) * (H / 32) / ms_q / 1e6,
-                "GB/s",
-                1e3 * 1.8e9 * (N / 65536) * (H / 32) / (peak["tbps"] * 1e12),
-            )
-        )
-        rows.append(
-            (
-                "b",
-                f"int8 block select N={N}",
-                ms_s,
-                ops / ms_s / 1e9,
-                "TOP/s",
-                1e3 * ops / (peak["tops_int8"] * 1e12),
-            )
-        )
+        nbytes = 1.8e9 * (N / 65536) * (H / 32)  # what smooth_quantize moves: 1.8 GB at N = 65536, H = 32
+        floor = roofline_ms(nbytes, peak["tbps"] * 1e12)
+        rows.append(table_row("b", f"smooth_quantize N={N}", ms_q, nbytes, "GB/s", floor))
+        floor = roofline_ms(ops, peak["tops_int8"] * 1e12)
+        rows.append(table_row("b", f"int8 block select N={N}", ms_s, ops, "TOP/s", floor))
     return rows
 
 
@@ -159,16 +143,9 @@ def bench_c1(quick, dev, dtype, measure, peak):
         ms = measure(lambda: gather_lowrank_reconstruct(a, bm, idx, cos, sin, chunk_size=8, impl="triton"))
         ms_ref = measure(lambda: gather_lowrank_reconstruct_reference(a, bm, idx, cos, sin, 8))
         nbytes = 2 * (B * Hk * S * r + B * Hk * r * d + B * Hk * S * d)
-        rows.append(
-            (
-                "c1",
-                f"gather-reconstruct B={B} S={S} r={r} (reference {ms_ref:.3f} ms)",
-                ms,
-                nbytes / ms / 1e6,
-                "GB/s",
-                1e3 * nbytes / (peak["tbps"] * 1e12),
-            )
-        )
+        case = f"gather-reconstruct B={B} S={S} r={r} (reference {ms_ref:.3f} ms)"
+        floor = roofline_ms(nbytes, peak["tbps"] * 1e12)
+        rows.append(table_row("c1", case, ms, nbytes, "GB/s", floor))
     return rows
 
 
@@ -188,17 +165,10 @@ def bench_c2(quick, dev, dtype, measure, peak):
         ms_base = measure(lambda: x @ w.t())
         ms_ref = measure(lambda: lora_linear_reference(x, w, a, b, 0.5))
         flops = 2 * T * n * (n + r) + 2 * T * r * n
-        floor = max(1e3 * flops / (peak["tflops"] * 1e12), 1e3 * 2 * n * n / (peak["tbps"] * 1e12))
-        rows.append(
-            (
-                "c2",
-                f"lora_linear T={T} r={r} (x@W^T {ms_base:.3f} ms, unfused {ms_ref:.3f} ms)",
-                ms,
-                flops / ms / 1e9,
-                "TFLOP/s",
-                floor,
-            )
-        )
+        # compute-bound or bound by reading W (bf16) once, whichever is slower
+        floor = max(roofline_ms(flops, peak["tflops"] * 1e12), roofline_ms(2 * n * n, peak["tbps"] * 1e12))
+        case = f"lora_linear T={T} r={r} (x@W^T {ms_base:.3f} ms, unfused {ms_ref:.3f} ms)"
+        rows.append(table_row("c2", case, ms, flops, "TFLOP/s", floor))
     return rows
 
 
