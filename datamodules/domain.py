@@ -10,6 +10,10 @@ Full scale reads the user's image folders and never downloads: ``check_domain_fo
 folder it looked in and the layout it expects (``DOMAIN_LAYOUTS``); class folders are indexed as torchvision's
 ``ImageFolder`` does (``class_folder_samples``), image lists as RSD's (``load_image_list``).
 
+Neither DataModule takes a seed: the renders, the digits split and its shifts draw from the run seed's
+``"data"`` stream (``derive_seed``), a full-scale target's train/test split from ``"data.split"``, and the order
+the target is served in from ``"batches"``, so every run of one card seed sees the same data.
+
 Every loader yields tensors only. The source domain's dataset object is never handed to a target loader
 (``source_dataset`` / ``target_train_dataset`` are distinct objects; tests assert it), so a source-free method
 that trains on ``train_dataloader()`` cannot see source data.
@@ -27,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.core.seeding import derive_seed
 
 # ---- full scale: the layouts we read ---------------------------------------------------------------------------
 DOMAIN_LAYOUTS: dict[str, dict] = {
@@ -277,10 +282,11 @@ class RegressionDomainsDataModule(L.LightningDataModule):
     ``train_dataloader()`` is the target's unlabelled training split, ``(view_1, view_2, index)``;
     ``val_dataloader()`` / ``test_dataloader()`` its labelled test split, ``(x, y)``; ``source_train_loader()``
     the source domain, ``(x, y)``, for the source stage only. Quick scale (``dsprites_like``) renders
-    ``n_per_domain`` images per domain from ``np.random.default_rng([data_seed, domain index])`` and splits each
-    target into ``n_target_train`` unlabelled training and the rest test images; the source uses all of its own.
-    Full scale (``dsprites``, ``mpi3d``) reads RSD's image lists under ``data_root`` (labels min-max normalised
-    with the source domain's range, which ``label_range`` holds).
+    ``n_per_domain`` images per domain from ``np.random.default_rng([derive_seed("data"), domain index])`` and
+    splits each target into ``n_target_train`` unlabelled training and the rest test images; the source uses all
+    of its own. Full scale (``dsprites``, ``mpi3d``) reads RSD's image lists under ``data_root`` (labels min-max
+    normalised with the source domain's range, which ``label_range`` holds) and shuffles the target before the
+    70/30 split with ``derive_seed("data.split")``.
     """
 
     task = "regression"
@@ -293,7 +299,6 @@ class RegressionDomainsDataModule(L.LightningDataModule):
         n_per_domain: int = 1200,
         n_target_train: int = 800,
         size: int = 32,
-        data_seed: int = 0,
         batch_size: int = 64,
         aug_brightness: float = 0.1,
         aug_noise: float = 0.03,
@@ -321,27 +326,26 @@ class RegressionDomainsDataModule(L.LightningDataModule):
             ["scale", "x", "y"] if self.num_outputs == 3 else [f"f{i}" for i in range(self.num_outputs)]
         )
         self._ready = False
+        self._render_seed: int | None = None  # the "data" stream the renders were drawn from (set in setup)
 
     def data_key(self) -> dict:
-        """What shapes the source domain's data: part of the source stage's cache key."""
+        """What shapes the source domain's data: part of the source stage's cache key (the renders' seed at
+        quick scale; the image list's files at full scale)."""
         h = self.hparams
-        return {
-            "benchmark": h.benchmark,
-            "source": h.source,
-            "n": h.n_per_domain,
-            "size": h.size,
-            "data_seed": h.data_seed,
-            "data_root": h.data_root,
-        }
+        key = {"benchmark": h.benchmark, "source": h.source, "n": h.n_per_domain, "size": h.size}
+        if h.benchmark == "dsprites_like":
+            key["data_seed"] = self._render_seed if self._render_seed is not None else derive_seed("data")
+        return key | {"data_root": h.data_root}
 
     def setup(self, stage: str | None = None) -> None:
         if self._ready:
             return
         h = self.hparams
         if h.benchmark == "dsprites_like":
+            self._render_seed = derive_seed("data")
 
             def dom(name):
-                rng = np.random.default_rng([h.data_seed, DSPRITES_STYLES.index(name)])
+                rng = np.random.default_rng([self._render_seed, DSPRITES_STYLES.index(name)])
                 return render_dsprites_like(name, h.n_per_domain, rng, h.size)
 
             xs, ys = dom(h.source)
@@ -354,7 +358,7 @@ class RegressionDomainsDataModule(L.LightningDataModule):
             self.label_range = torch.stack([lo, hi])
             ys = (ys - lo) / (hi - lo).clamp_min(1e-8)
             yt = ((yt - lo) / (hi - lo).clamp_min(1e-8)).clamp(0, 1)
-            perm = torch.randperm(len(xt), generator=torch.Generator().manual_seed(h.data_seed))
+            perm = torch.randperm(len(xt), generator=torch.Generator().manual_seed(derive_seed("data.split")))
             xt, yt = xt[perm], yt[perm]
         n_tr = h.n_target_train if h.benchmark == "dsprites_like" else int(0.7 * len(xt))
         self.source_dataset = TensorDataset(xs, ys)
@@ -377,7 +381,7 @@ class RegressionDomainsDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         # the order depends on (run seed, epoch) only: a resumed run sees the same batches
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        gen = torch.Generator().manual_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)) + 1000 * epoch)
+        gen = torch.Generator().manual_seed(derive_seed("batches") + 1000 * epoch)
         order = torch.randperm(len(self.target_train_dataset), generator=gen).tolist()
         return DataLoader(
             self.target_train_dataset,
@@ -469,7 +473,8 @@ def digits_domains(seed: int, spurious: bool = False) -> dict[str, tuple[torch.T
 class MultiTargetDigitsDataModule(L.LightningDataModule):
     """A labelled source and the unlabelled targets T1-T3 (``digits_domains``), for multi-target adaptation.
 
-    Domain indices: source 0, targets 1..M in ``targets`` order. Methods draw their own batches from
+    The digits split and the targets' shifts are drawn from ``derive_seed("data")``. Domain indices: source 0,
+    targets 1..M in ``targets`` order. Methods draw their own batches from
     ``source_x/source_y`` and ``target_x[m]`` (an iteration-bounded schedule: ``train_dataloader()`` yields only
     the step index, ``steps`` of them, or with ``steps=0`` as many as the module's ``total_steps()``). Evaluation is transductive (D-CGCT's protocol): ``val_dataloader()``
     yields every target image with its label and domain index, ``(x, y, d)``; labels of target images are read
@@ -488,7 +493,6 @@ class MultiTargetDigitsDataModule(L.LightningDataModule):
         benchmark: Literal["digits", "office31", "office_home", "pacs", "domainnet"] = "digits",
         source: str = "source",
         targets: list[str] | None = None,
-        data_seed: int = 0,
         spurious: bool = False,
         steps: int = 0,
         data_root: str | None = None,
@@ -519,20 +523,30 @@ class MultiTargetDigitsDataModule(L.LightningDataModule):
         self.source_domain, self.target_domains = source, targets
         self.num_domains = 1 + len(targets)
         self._ready = False
+        self._digits_seed: int | None = None  # the "data" stream the digits were drawn from (set in setup)
 
     def data_key(self) -> dict:
+        """What shapes the source domain's data: part of the source stage's cache key."""
         h = self.hparams
-        key = {"benchmark": h.benchmark, "data_seed": h.data_seed, "spurious": h.spurious}
-        if h.benchmark != "digits":  # the digits key (so its cached source checkpoints) stays as it was
-            key |= {"data_root": str(h.data_root), "source": h.source, "image_size": h.image_size}
-        return key
+        if h.benchmark == "digits":
+            seed = self._digits_seed if self._digits_seed is not None else derive_seed("data")
+            return {"benchmark": h.benchmark, "data_seed": seed, "spurious": h.spurious}
+        # the class folders are the data: no seed shapes them
+        return {
+            "benchmark": h.benchmark,
+            "spurious": h.spurious,
+            "data_root": str(h.data_root),
+            "source": h.source,
+            "image_size": h.image_size,
+        }
 
     def setup(self, stage: str | None = None) -> None:
         if self._ready:
             return
         h = self.hparams
         if h.benchmark == "digits":
-            doms = digits_domains(h.data_seed, h.spurious)
+            self._digits_seed = derive_seed("data")
+            doms = digits_domains(self._digits_seed, h.spurious)
             self.classes = [str(c) for c in range(10)]
         else:
             domains = [self.source_domain, *self.target_domains]

@@ -104,7 +104,7 @@ def test_class_folder_errors_name_the_folder(tmp_path):
         )
 
 
-def _fit_u3cf(tmp_path, **kw):
+def _fit_u3cf(tmp_path, quiet_trainer, net):
     from litlab.lit_modules.domain.u3cf import U3CF
 
     fake_pacs(tmp_path / "data")
@@ -118,31 +118,18 @@ def _fit_u3cf(tmp_path, **kw):
     module = U3CF(
         method="u3cf",
         source_stage={"optimizer": "sgd", "lr": 0.01, "iters": 4, "batch_size": 8},
-        adapt_iters=2,
-        finetune_iters=2,
-        batch_source=8,
-        batch_target=8,
-        batch_finetune=8,
-        thr=0.2,
-        **kw,
+        net=net,
+        curriculum={"iters_per_target": 2, "batch_source": 8, "batch_target": 8, "thr": 0.2},
+        causal={"iters": 2, "batch_size": 8},
     )
     L.seed_everything(0)
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(max_epochs=1, num_sanity_val_steps=0)
     trainer.fit(module, datamodule=dm)
     return trainer, module
 
 
-def test_u3cf_fits_on_class_folders_with_the_small_backbone(tmp_path):
-    trainer, module = _fit_u3cf(tmp_path, channels=(4, 8, 8), feat_dim=8, latent=4)
+def test_u3cf_fits_on_class_folders_with_the_small_backbone(tmp_path, quiet_trainer):
+    trainer, module = _fit_u3cf(tmp_path, quiet_trainer, {"channels": (4, 8, 8), "feat_dim": 8, "latent": 4})
     assert int(module.it) == 2 * 2 + 2 and sorted(module.order.tolist()) == [0, 1]
     m = trainer.callback_metrics
     assert {"val/acc_cartoon", "val/acc_sketch", "val/acc_mean"} <= set(m)
@@ -154,7 +141,7 @@ def test_resnet_without_torchvision_fails_at_once_with_the_install_line():
     from litlab.lit_modules.domain.u3cf import U3CF
 
     with pytest.raises(ModelUnavailableError, match="needs torchvision.*pip install torchvision"):
-        U3CF(backbone="resnet50", backbone_weights="IMAGENET1K_V1")
+        U3CF(net={"backbone": "resnet50", "backbone_weights": "IMAGENET1K_V1"})
 
 
 @pytest.mark.skipif(not HAS_TORCHVISION, reason="torchvision does not import here")
@@ -164,9 +151,9 @@ def test_resnet_weights_missing_offline_name_the_file_and_url(tmp_path, monkeypa
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     with pytest.raises(ModelUnavailableError, match=r"checkpoints/resnet50-[0-9a-f]+\.pth.*wget https://"):
-        U3CF(backbone="resnet50", backbone_weights="IMAGENET1K_V1")
+        U3CF(net={"backbone": "resnet50", "backbone_weights": "IMAGENET1K_V1"})
     with pytest.raises(ModelUnavailableError, match=r"resnet18-[0-9a-f]+\.pth"):
-        SFDARegression(backbone="resnet18", backbone_weights="IMAGENET1K_V1")
+        SFDARegression(net={"backbone": "resnet18", "backbone_weights": "IMAGENET1K_V1"})
     with pytest.raises(ModelUnavailableError, match="no/such/file.pth does not exist"):
         resnet_weights_file("resnet18", "/no/such/file.pth")
     with pytest.raises(ValueError, match="no torchvision weights 'IMAGENET9K'"):
@@ -183,6 +170,7 @@ def test_resnet_weights_missing_offline_name_the_file_and_url(tmp_path, monkeypa
 
 
 @pytest.mark.skipif(not HAS_TORCHVISION, reason="torchvision does not import here")
-def test_u3cf_fits_on_class_folders_with_an_untrained_resnet18(tmp_path):
-    trainer, module = _fit_u3cf(tmp_path, backbone="resnet18", backbone_weights=None, feat_dim=8, latent=4)
+def test_u3cf_fits_on_class_folders_with_an_untrained_resnet18(tmp_path, quiet_trainer):
+    net = {"backbone": "resnet18", "backbone_weights": None, "feat_dim": 8, "latent": 4}
+    trainer, module = _fit_u3cf(tmp_path, quiet_trainer, net)
     assert module.net.convs.out_dim == 512 and "val/acc_mean" in trainer.callback_metrics

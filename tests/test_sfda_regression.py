@@ -19,7 +19,12 @@ from litlab.datamodules.domain import RegressionDomainsDataModule, render_dsprit
 from litlab.lit_modules.core.errors import DatasetUnavailableError, ModelUnavailableError
 from litlab.lit_modules.domain import binning
 from litlab.lit_modules.domain.banks import IndexedBank
-from litlab.lit_modules.domain.sfda_regression import SFDARegression, ddg_losses, density_targets
+from litlab.lit_modules.domain.sfda_regression import (
+    DensityTarget,
+    SFDARegression,
+    ddg_losses,
+    density_targets,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -178,7 +183,7 @@ def test_full_config_stops_at_once_offline(tmp_path, monkeypatch):
     with pytest.raises(ModelUnavailableError, match=r"torchvision|resnet18-[0-9a-f]+\.pth"):
         LitlabCLI(args=args)
     with pytest.raises(DatasetUnavailableError, match="data_root"):
-        LitlabCLI(args=[*args, "--model.init_args.backbone=small"])
+        LitlabCLI(args=[*args, "--model.init_args.net.backbone=small"])
 
 
 def test_image_list_layout_loads(tmp_path):
@@ -203,56 +208,72 @@ def test_image_list_layout_loads(tmp_path):
     )
 
 
+def test_renders_are_drawn_from_the_run_seed(monkeypatch):
+    """No seed argument: the renders come from the run seed's "data" stream, and the source model's cache key
+    (data_key) names it."""
+    from litlab.lit_modules.core.seeding import reset_ledger, seed_ledger
+
+    def renders(run_seed):
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(run_seed))
+        reset_ledger(run_seed)
+        dm = tiny_dm()
+        dm.setup("fit")
+        return dm, seed_ledger()
+
+    a, ledger = renders(2)
+    b, _ = renders(2)
+    c, other = renders(3)
+    assert torch.equal(a.source_dataset.tensors[0], b.source_dataset.tensors[0])
+    assert not torch.equal(a.source_dataset.tensors[0], c.source_dataset.tensors[0])
+    assert a.data_key()["data_seed"] == ledger["components"]["data"] != other["components"]["data"]
+
+
+def test_config_groups_build_from_mappings_and_refuse_unknown_keys():
+    module = SFDARegression(density={"num_bins": 10, "k": 3}, objective={"lambda_aux": 0.05})
+    assert module.density == DensityTarget(num_bins=10, k=3) and module.sigma == 0.1
+    assert module.objective.lambda_aux == 0.05 and module.baselines.teacher_eval == "student"
+    with pytest.raises(ValueError, match="SFDARegression.density: unknown keys \\['bins'\\]"):
+        SFDARegression(density={"bins": 10})
+    with pytest.raises(ValueError, match="density.quantile must be in"):
+        SFDARegression(density={"quantile": 0.0})
+
+
 # ---- 6-7. a tiny adaptation run ----------------------------------------------------------------------------------
-def tiny_dm(target="N", seed=0):
+def tiny_dm(target="N"):
     return RegressionDomainsDataModule(
-        source="C", target=target, n_per_domain=200, n_target_train=128, data_seed=seed, batch_size=32
+        source="C", target=target, n_per_domain=200, n_target_train=128, batch_size=32
     )
 
 
 def tiny_module(method="ddg", **kw):
     return SFDARegression(
-        method=method, source_stage={"epochs": 1, "batch_size": 64, "lr": 1e-3}, k=5, lr=1e-3, **kw
+        method=method,
+        source_stage={"epochs": 1, "batch_size": 64, "lr": 1e-3},
+        density={"k": 5, **kw.pop("density", {})},
+        lr=1e-3,
+        **kw,
     )
 
 
-def fit(module, dm, tmp_path, epochs=2):
+def fit(module, dm, quiet_trainer, epochs=2):
     L.seed_everything(0)
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        reload_dataloaders_every_n_epochs=1,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(max_epochs=epochs, num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1)
     trainer.fit(module, datamodule=dm)
     return trainer
 
 
-def test_adaptation_freezes_regressor_trains_g_and_a_and_never_sees_source(tmp_path):
+def test_adaptation_freezes_regressor_trains_g_and_a_and_never_sees_source(quiet_trainer):
+    L.seed_everything(0)  # the run seed: renders and source model
     dm = tiny_dm()
-    module = tiny_module("ddg", lambda_aux=0.05)
+    module = tiny_module("ddg", objective={"lambda_aux": 0.05})
     seen = []
 
     class Spy(L.Callback):
         def on_train_epoch_start(self, trainer, pl_module):
             seen.append(trainer.train_dataloader.dataset)
 
-    fit_trainer = L.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        reload_dataloaders_every_n_epochs=1,
-        callbacks=[Spy()],
-        default_root_dir=tmp_path,
+    fit_trainer = quiet_trainer(
+        max_epochs=2, num_sanity_val_steps=0, reload_dataloaders_every_n_epochs=1, callbacks=[Spy()]
     )
     dm.setup("fit")
     # the source model exactly as the source stage left it (cached, reloaded by a fresh module)
@@ -282,8 +303,7 @@ def test_bank_excludes_self_and_holds_batch_outputs():
     allnb = bank.all_neighbours(k=2)
     assert all(i not in row for i, row in enumerate(allnb.tolist()))
     # inside a training step: after the update the batch rows equal the batch outputs
-    module = tiny_module("ddg")
-    module.hparams.k = 2
+    module = tiny_module("ddg", density={"k": 2})
     module.bank = IndexedBank(6, 3, 1)
     module.bank.update(torch.arange(6), torch.randn(6, 3), torch.rand(6, 1))
     z, pred, pred2 = torch.randn(2, 3), torch.rand(2, 1), torch.rand(2, 1)
@@ -296,10 +316,10 @@ def test_bank_excludes_self_and_holds_batch_outputs():
     )
 
 
-def test_confident_fraction_of_the_bank_is_the_quantile(tmp_path):
+def test_confident_fraction_of_the_bank_is_the_quantile(quiet_trainer):
     dm = tiny_dm()
-    module = tiny_module("ddg", quantile=0.7)
-    fit(module, dm, tmp_path, epochs=1)
+    module = tiny_module("ddg", density={"quantile": 0.7})
+    fit(module, dm, quiet_trainer, epochs=1)
     tau, u = module.bank_threshold()
     frac = (u <= tau).float().mean(0)  # per factor
     n = u.shape[0]
@@ -341,26 +361,20 @@ def test_source_stage_is_cached_and_shared_across_methods(tmp_path, monkeypatch)
 
 # ---- 8. the effect (slow) -----------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_effect_on_the_toy(tmp_path):
+def test_effect_on_the_toy(quiet_trainer):
     """spec §7.8 on seeds 0-2, trained in tmp_path with the quick config's sizes."""
     res: dict[tuple[str, str], list[float]] = {}
     for seed in (0, 1, 2):
         for target, methods in (("N", ("source_only", "knn_pl", "ddg")), ("S", ("source_only", "ddg"))):
             for method in methods:
-                dm = RegressionDomainsDataModule(source="C", target=target, data_seed=seed)
-                module = SFDARegression(method=method, source_seed=seed)
-                L.seed_everything(seed)
-                trainer = L.Trainer(
+                L.seed_everything(seed)  # the run seed: renders, source model, target order
+                dm = RegressionDomainsDataModule(source="C", target=target)
+                module = SFDARegression(method=method)
+                trainer = quiet_trainer(
                     max_epochs=6,
-                    accelerator="cpu",
-                    logger=False,
-                    enable_checkpointing=False,
-                    enable_progress_bar=False,
-                    enable_model_summary=False,
                     num_sanity_val_steps=0,
                     reload_dataloaders_every_n_epochs=1,
                     deterministic=True,
-                    default_root_dir=tmp_path,
                 )
                 trainer.fit(module, datamodule=dm)
                 res.setdefault((target, method), []).append(float(trainer.callback_metrics["val/mae_sum"]))

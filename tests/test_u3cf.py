@@ -20,7 +20,18 @@ from litlab.lit_modules.domain.prototypes import (
     label2edge,
     prototype_contrastive_loss,
 )
-from litlab.lit_modules.domain.u3cf import U3CF, CausalHead, backdoor_log_prob, mi_loss, uniform_kl
+from litlab.lit_modules.domain.u3cf import (
+    U3CF,
+    CausalHead,
+    CausalStage,
+    Curriculum,
+    GraphHead,
+    ShotBaseline,
+    U3CFNet,
+    backdoor_log_prob,
+    mi_loss,
+    uniform_kl,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,6 +154,36 @@ def test_full_scale_fails_at_once_naming_folder_and_layout(tmp_path):
         )
 
 
+def test_digits_are_drawn_from_the_run_seed(monkeypatch):
+    """No seed argument: the split and shifts come from the run seed's "data" stream, recorded in the ledger."""
+    from litlab.lit_modules.core.seeding import reset_ledger, seed_ledger
+
+    def digits(run_seed):
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(run_seed))
+        reset_ledger(run_seed)
+        dm = MultiTargetDigitsDataModule()
+        dm.setup()
+        return dm, seed_ledger()
+
+    a, ledger = digits(4)
+    b, _ = digits(4)
+    c, other = digits(5)
+    assert torch.equal(a.source_x, b.source_x) and not torch.equal(a.source_x, c.source_x)
+    assert a.data_key()["data_seed"] == ledger["components"]["data"] != other["components"]["data"]
+
+
+def test_config_groups_build_from_mappings_and_refuse_unknown_keys():
+    module = U3CF(curriculum={"iters_per_target": 3, "thr": 0.5}, graph={"use_gnn": True, "edge_features": 4})
+    assert module.curriculum == Curriculum(iters_per_target=3, thr=0.5)
+    assert module.graph.use_gnn and module.graph.edge_features == 4
+    assert module.net_config == U3CFNet() and module.causal_stage == CausalStage()
+    assert module.shot == ShotBaseline() and module.source_stage.iters == 600
+    with pytest.raises(ValueError, match="U3CF.curriculum: unknown keys \\['adapt_iters'\\]"):
+        U3CF(curriculum={"adapt_iters": 3})
+    with pytest.raises(ValueError, match="SHOT has no graph head"):
+        U3CF(method="shot", graph=GraphHead(use_gnn=True))
+
+
 def test_full_config_stops_at_once_offline(tmp_path, monkeypatch):
     """The full config fails before reading anything: torchvision or the ResNet-50 weights file first (the model
     is built first), then, with the toy's backbone, the data folder."""
@@ -154,42 +195,33 @@ def test_full_config_stops_at_once_offline(tmp_path, monkeypatch):
         LitlabCLI(args=args)
     assert "nothing is downloaded" in str(err.value) or "pip install torchvision" in str(err.value)
     with pytest.raises(DatasetUnavailableError, match="data_root"):
-        LitlabCLI(args=[*args, "--model.init_args.backbone=small"])
+        LitlabCLI(args=[*args, "--model.init_args.net.backbone=small"])
 
 
 # ---- 7. curriculum bookkeeping on a tiny run ------------------------------------------------------------------------
-def tiny(method="u3cf", **kw):
+def tiny(method="u3cf", net=None, graph=None):
     return U3CF(
         method=method,
         source_stage={"optimizer": "sgd", "lr": 0.01, "iters": 20, "batch_size": 32},
-        adapt_iters=4,
-        finetune_iters=4,
-        shot_iters=4,
-        shot_refresh=2,
-        **({"thr": 0.2} | kw),
+        net=net,
+        curriculum={"iters_per_target": 4, "thr": 0.2},
+        causal={"iters": 4},
+        graph=graph,
+        shot={"iters": 4, "refresh": 2},
     )
 
 
-def run(module, tmp_path, seed=0, **dm_kw):
-    dm = MultiTargetDigitsDataModule(data_seed=seed, **dm_kw)
-    L.seed_everything(seed)
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=tmp_path,
-    )
+def run(module, quiet_trainer, seed=0, **dm_kw):
+    L.seed_everything(seed)  # the run seed: the digits, the source model and the batches derive from it
+    dm = MultiTargetDigitsDataModule(**dm_kw)
+    trainer = quiet_trainer(max_epochs=1, num_sanity_val_steps=0)
     trainer.fit(module, datamodule=dm)
     return trainer, dm
 
 
-def test_curriculum_bookkeeping(tmp_path):
+def test_curriculum_bookkeeping(quiet_trainer):
     module = tiny("u3cf")
-    trainer, dm = run(module, tmp_path)
+    trainer, dm = run(module, quiet_trainer)
     assert sorted(module.order.tolist()) == [0, 1, 2]
     assert int(module.it) == 3 * 4 + 4 and trainer.global_step == 16
     added = module.ps_label >= 0
@@ -206,24 +238,24 @@ def test_curriculum_bookkeeping(tmp_path):
     assert 0.0 <= trainer.callback_metrics["val/acc_mean"].item() <= 1.0
 
 
-def test_source_only_trains_nothing_and_shot_freezes_fc(tmp_path):
+def test_source_only_trains_nothing_and_shot_freezes_fc(quiet_trainer):
     src = tiny("source_only")
-    trainer, _ = run(src, tmp_path)
+    trainer, _ = run(src, quiet_trainer)
     assert trainer.global_step == 0 and "val/acc_T1" in trainer.callback_metrics
     shot = tiny("shot")
-    run(shot, tmp_path)
+    run(shot, quiet_trainer)
     assert torch.equal(shot.net.fc.weight, src.net.fc.weight)  # the same cached source, fc frozen
     assert not torch.equal(shot.net.bottleneck.weight, src.net.bottleneck.weight)
 
 
 # ---- 8. the effect (slow) ------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_effect_on_the_toy(tmp_path):
+def test_effect_on_the_toy(quiet_trainer):
     """spec §7.8 with the quick config's schedule, seeds 0-2, trained in tmp_path."""
     res: dict[str, list[float]] = {}
     for seed in (0, 1, 2):
         for method in ("source_only", "shot", "prototype_only", "u3cf"):
-            trainer, _ = run(U3CF(method=method, source_seed=seed), tmp_path, seed)
+            trainer, _ = run(U3CF(method=method), quiet_trainer, seed)
             res.setdefault(method, []).append(float(trainer.callback_metrics["val/acc_mean"]))
     mean = {k: float(np.mean(v)) for k, v in res.items()}
     assert mean["u3cf"] >= mean["source_only"] + 0.12, mean
@@ -287,11 +319,15 @@ def test_graph_classifier_is_permutation_equivariant_and_edge_loss_masks():
     assert edge_loss(s, torch.full((4,), -1)).item() == 0.0
 
 
-def test_curriculum_with_the_graph_head(tmp_path):
+def test_curriculum_with_the_graph_head(quiet_trainer):
     with pytest.raises(ValueError, match="SHOT has no graph head"):
-        U3CF(method="shot", use_gnn=True)
-    module = tiny("u3cf", use_gnn=True, edge_features=4, channels=(8, 8, 8), feat_dim=8, latent=4)
-    trainer, dm = run(module, tmp_path)
+        U3CF(method="shot", graph={"use_gnn": True})
+    module = tiny(
+        "u3cf",
+        net={"channels": (8, 8, 8), "feat_dim": 8, "latent": 4},
+        graph={"use_gnn": True, "edge_features": 4},
+    )
+    trainer, dm = run(module, quiet_trainer)
     assert module.net.gnn is not None and sorted(module.order.tolist()) == [0, 1, 2]
     m = trainer.callback_metrics
     assert m["curriculum/order_ok"].item() == 1.0 and m["curriculum/pseudo_source_ok"].item() == 1.0

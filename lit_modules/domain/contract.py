@@ -5,7 +5,15 @@
                       methods the targets' unlabelled training images and labelled test split.
 * ``SourceFreeData``  ``DomainData`` with one adapted target whose ``train_dataloader()`` yields
                       ``(view_1, view_2, index)`` of the target's unlabelled training images only, and
-                      ``target_plain_loader`` yields ``(x, index)`` in order (bank and BN-statistics passes).
+                      ``target_plain_loader`` yields ``(x, index)`` in order (bank and BN-statistics passes);
+                      ``factor_names`` name the regression factors in the logged metrics.
+* ``MultiTargetData`` ``DomainData`` whose source and target images the method samples itself (an
+                      iteration-bounded schedule: ``train_dataloader()`` yields step indices only);
+                      ``val_dataloader()`` yields every target image as ``(x, y, domain index)``, the only
+                      place target labels appear.
+
+A module reads no DataModule member outside these Protocols (no ``getattr`` with a default): a DataModule that
+lacks one fails ``check_data`` at setup, naming it.
 
 ``litlab.datamodules.domain.RegressionDomainsDataModule`` and ``MultiTargetDigitsDataModule`` are the ones the
 project ships (re-exported here for the report hooks, which rebuild a run's DataModule from its checkpoint);
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from torch import Tensor
 from torch.utils.data import DataLoader
 
 from litlab.datamodules.domain import (
@@ -30,6 +39,7 @@ from litlab.lit_modules.core.contracts import check_data
 __all__ = [
     "DOMAIN_LAYOUTS",
     "DomainData",
+    "MultiTargetData",
     "MultiTargetDigitsDataModule",
     "RegressionDomainsDataModule",
     "SourceFreeData",
@@ -59,6 +69,7 @@ class DomainData(Protocol):
 @runtime_checkable
 class SourceFreeData(DomainData, Protocol):
     target: str
+    factor_names: list[str]  # one per regression factor: val/mae_<name>
 
     def target_size(self, target: str | None = None) -> int: ...
 
@@ -69,3 +80,19 @@ class SourceFreeData(DomainData, Protocol):
     def train_dataloader(self) -> DataLoader: ...
 
     def val_dataloader(self) -> DataLoader: ...
+
+
+@runtime_checkable
+class MultiTargetData(DomainData, Protocol):
+    source_x: Tensor  # (N_s, C, H, W), the labelled source images
+    source_y: Tensor  # (N_s,) their classes
+    target_x: list[Tensor]  # per target (``target_domains`` order): its (N_m, C, H, W) unlabelled images
+    classes: list[str]  # class names, index order
+
+    def train_dataloader(self) -> DataLoader:
+        """Step indices, as many as the module's ``total_steps()``."""
+        ...
+
+    def val_dataloader(self) -> DataLoader:
+        """Every target image with its class and domain index (1..M), ``(x, y, d)``: evaluation only."""
+        ...

@@ -10,15 +10,70 @@ and network from the run folder's ``checkpoints/last.ckpt`` (which ``litlab fit`
 ``feature_pca_figure`` projects each model's features on their own first two principal components (sklearn
 PCA), coloured by domain, and for classification a second row by true class.
 
-Neither derives a number a claim reads.
+The hooks pick runs by role and claim (``feature_panels``), never by the card's run names, and per-target
+metrics by the names the runs logged (``per_target_keys``). Neither derives a number a claim reads.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from litlab.lit_modules.core.results import CardResult, ReportExtras
+
+# the checkout's root: a card the user's project does not hold is read from litlab's own seeds/
+CHECKOUT = Path(__file__).resolve().parent.parent.parent
+
+
+# ---- which runs and metrics a hook shows: from the card's roles and claims ---------------------------------------
+def card_design(result: CardResult) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The roles (``{run: role}``) and claims (as written) of the card ``result`` measured, read from
+    ``seeds/<slug>.yaml`` (the working directory's project first, as ``litlab repro`` looks it up). A report hook
+    reads only these two: ``litlab.cards`` sits above the families, so the hook reads the card's YAML itself."""
+    relative = Path("seeds") / f"{result.slug}.yaml"
+    path = Path.cwd() / relative if (Path.cwd() / relative).is_file() else CHECKOUT / relative
+    raw = yaml.safe_load(path.read_text())
+    roles = {name: str(spec["role"]) for name, spec in raw["runs"].items()}
+    return roles, list(raw["claims"])
+
+
+def _run(ref: str) -> str:
+    return str(ref).partition(":")[0]  # a claim side is "run" or "run:metric"
+
+
+def feature_panels(roles: dict[str, str], claims: list[dict[str, Any]]) -> dict[str, str]:
+    """``{panel label: run}`` for the feature figure: the floor the positive control reads (the model before
+    adaptation), then every run a claim compares the headline's method with, the method itself, and the ablations
+    no claim reads (reported variants of the method)."""
+    method = next(_run(c["method"]) for c in claims if c.get("headline"))
+    floors = [_run(a) for c in claims if c.get("control") for a in c["against"] if roles[_run(a)] == "floor"]
+    compared = [_run(a) for c in claims if _run(c.get("method", "")) == method for a in c["against"]]
+    claimed = {
+        _run(r) for c in claims for r in [c.get("method", ""), *c.get("against", []), c.get("value", "")]
+    }
+    unclaimed = [run for run, role in roles.items() if role == "ablation" and run not in claimed]
+    before = floors[:1]
+    return {
+        f"{'before' if run in before else 'after'}: {run} ({roles[run]})": run
+        for run in dict.fromkeys([*before, *compared, method, *unclaimed])
+    }
+
+
+def per_target_keys(result: CardResult, prefix: str, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The per-target (or per-factor) metrics the runs logged: names under ``prefix`` that start with none of
+    ``exclude`` (the card's summary metric, a secondary head's), in the order the first run logged them."""
+    for run in result.runs.values():
+        for seed_run in run.runs:
+            names = seed_run.summary_metrics()
+            return [k for k in names if k.startswith(prefix) and not k.startswith(tuple(exclude))]
+    return []
 
 
 def per_target_table(
@@ -79,9 +134,36 @@ def run_checkpoint(run_dir: Path | str) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def datamodule_from_checkpoint(ckpt: dict, default_class: type):
-    """The run's DataModule rebuilt from the arguments the checkpoint holds, set up (its class from the
-    ``_class_path`` LightningCLI stores, else ``default_class``)."""
+def run_seed_of(run_dir: Path | str) -> int:
+    """The seed a run was fitted under, from its ``summary.json``'s seed ledger: the DataModule draws its data
+    from it, so rebuilding the run's data needs it."""
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    seed = (json.loads(path.read_text()).get("seed_ledger") or {}).get("run_seed")
+    if seed is None:
+        raise FileNotFoundError(f"{path} has no seed_ledger.run_seed (a run from before litlab recorded one)")
+    return int(seed)
+
+
+@contextmanager
+def fitted_under(seed: int) -> Iterator[None]:
+    """The run seed ``seed`` for the block (``PL_GLOBAL_SEED``, what ``derive_seed`` reads), the caller's after."""
+    before = os.environ.get("PL_GLOBAL_SEED")
+    os.environ["PL_GLOBAL_SEED"] = str(seed)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PL_GLOBAL_SEED", None)
+        else:
+            os.environ["PL_GLOBAL_SEED"] = before
+
+
+def datamodule_from_checkpoint(ckpt: dict, default_class: type, run_dir: Path | str):
+    """The run's DataModule rebuilt from the arguments the checkpoint holds and set up under the run's seed
+    (``run_seed_of(run_dir)``), so it draws the run's data; its class from the ``_class_path`` LightningCLI
+    stores, else ``default_class``."""
     import importlib
 
     args = dict(ckpt.get("datamodule_hyper_parameters") or {})
@@ -90,8 +172,9 @@ def datamodule_from_checkpoint(ckpt: dict, default_class: type):
     if "_class_path" in args:
         module, _, name = args.pop("_class_path").rpartition(".")
         cls = getattr(importlib.import_module(module), name)
-    dm = cls(**args)
-    dm.setup("fit")
+    with fitted_under(run_seed_of(run_dir)):
+        dm = cls(**args)
+        dm.setup("fit")
     return dm
 
 

@@ -9,7 +9,8 @@ protocol (Chen et al., ICML 2021). Reconstructed choices are marked "reconstruct
 
 A regressor ``r(g(x)) = sigmoid(W_r z + b_r) ∈ [0, 1]^T`` and an auxiliary head ``a(z) ∈ R^{T×B}`` (logits over
 B label bins per factor) are trained on the labelled source once per seed (``source.cached_source``); the
-target is then adapted without source data:
+target is then adapted without source data. Random streams come from the run seed (``derive_seed``): the source
+model from ``"source"``; the renders, the target's order and its weak views come from the DataModule.
 
 Algorithm (per step, batch indices I; spec numbering of the reconstruction):
   1. two weak views x, x' of the batch; z, ŷ, ℓ = g(x), r(z), a(z); ŷ' = r(g(x')) without gradient
@@ -30,11 +31,16 @@ the confident/uncertain split), ``mean_teacher`` (EMA teacher, MSE between stude
 two independent views; the student is evaluated unless ``teacher_eval=teacher``: the spec leaves it open, and
 after 6 short epochs an EMA 0.99 teacher still carries about half of the source weights) and ``ddg`` (this
 method).
+
+Arguments come in groups (``config_part``): ``net`` (g's backbone and width), ``density`` (steps 3-6: bins,
+neighbours, quantile, window), ``objective`` (step 7's weights and variants), ``baselines`` (kNN-mean's and mean
+teacher's options); the source stage's aux weight and the optimiser stay flat.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Literal
 
 import lightning as L
@@ -43,6 +49,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.regression import MeanAbsoluteError
 
+from litlab.lit_modules.core.config import as_config, config_part
+from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.domain import binning
 from litlab.lit_modules.domain.banks import IndexedBank
 from litlab.lit_modules.domain.baselines import adabn_pass, ema_update, knn_mean_target
@@ -54,17 +62,70 @@ SOURCE_RECIPE = SourceRecipe()
 Method = Literal["source_only", "adabn", "knn_pl", "mean_teacher", "ddg"]
 
 
+@config_part
+class RegressorNetConfig:
+    """g: the toy's conv net (``backbone="small"``) or a torchvision ResNet by name with ``backbone_weights``
+    (``"IMAGENET1K_V1"`` or a local state-dict file) + Linear/BN/ReLU, to ``feat_dim`` features."""
+
+    backbone: str = "small"
+    backbone_weights: str | None = None
+    feat_dim: int = 128
+
+
+@config_part
+class DensityTarget:
+    """Steps 3-6: ``num_bins`` B of the label density, soft-bin width ``sigma`` (None: 1/B), ``k`` feature-space
+    neighbours, the confidence ``quantile`` q of τ, the windowed mode's half-width ``window``; ``refine="mean"``
+    replaces the windowed mode by the density's mean (an ablation)."""
+
+    num_bins: int = 20
+    sigma: float | None = None
+    k: int = 10
+    quantile: float = 0.7
+    window: int = 1
+    refine: Literal["mode", "mean"] = "mode"
+
+
+@config_part
+class DDGObjective:
+    """Step 7: weights λ_reg (confident: to ỹ), λ_int (uncertain: to the support interval), λ_aux (the auxiliary
+    head to h), λ_cons (the two views agree); ``selection="all"`` trains every sample on ỹ weighted by 1 − u, and
+    ``weighting="one_minus_u"`` weighs the confident ones so (ablations)."""
+
+    lambda_reg: float = 1.0
+    lambda_int: float = 0.5
+    lambda_aux: float = 0.0
+    lambda_cons: float = 0.0
+    selection: Literal["split", "all"] = "split"
+    weighting: Literal["none", "one_minus_u"] = "none"
+
+
+@config_part
+class BaselineOptions:
+    """The baselines' own options: kNN-mean's ``knn_weighting`` (1 − u of the same density), mean teacher's
+    ``ema_decay`` and which of its nets is evaluated (``teacher_eval``)."""
+
+    knn_weighting: Literal["none", "one_minus_u"] = "none"
+    ema_decay: float = 0.99
+    teacher_eval: Literal["student", "teacher"] = "student"
+
+
+NET = RegressorNetConfig()
+DENSITY = DensityTarget()
+OBJECTIVE = DDGObjective()
+BASELINES = BaselineOptions()
+
+
 class RegressorNet(nn.Module):
     """g (features z), r (frozen-able regressor with sigmoid outputs), a (auxiliary bin logits, T×B)."""
 
-    def __init__(
-        self, num_outputs: int, num_bins: int, backbone: str, backbone_weights: str | None, feat_dim: int
-    ):
+    def __init__(self, num_outputs: int, num_bins: int, config: RegressorNetConfig):
         super().__init__()
-        if backbone == "small":
+        feat_dim = config.feat_dim
+        if config.backbone == "small":
             self.g = ConvFeatures(3, (16, 32, 32), (2, 2, 2), 32, feat_dim)
         else:
-            res = ResNetFeatures(backbone, backbone_weights)
+            res = ResNetFeatures(config.backbone, config.backbone_weights)
             self.g = nn.Sequential(
                 res, nn.Linear(res.out_dim, feat_dim), nn.BatchNorm1d(feat_dim), nn.ReLU(inplace=True)
             )
@@ -127,26 +188,11 @@ class SFDARegression(L.LightningModule):
         self,
         method: Method = "ddg",
         source_stage: SourceRecipe = SOURCE_RECIPE,
-        source_seed: int = 0,
         lambda_src_aux: float = 1.0,
-        backbone: str = "small",
-        backbone_weights: str | None = None,
-        feat_dim: int = 128,
-        num_bins: int = 20,
-        sigma: float | None = None,
-        k: int = 10,
-        quantile: float = 0.7,
-        window: int = 1,
-        lambda_reg: float = 1.0,
-        lambda_int: float = 0.5,
-        lambda_aux: float = 0.0,
-        lambda_cons: float = 0.0,
-        selection: Literal["split", "all"] = "split",
-        weighting: Literal["none", "one_minus_u"] = "none",
-        refine: Literal["mode", "mean"] = "mode",
-        knn_weighting: Literal["none", "one_minus_u"] = "none",
-        ema_decay: float = 0.99,
-        teacher_eval: Literal["student", "teacher"] = "student",
+        net: RegressorNetConfig = NET,
+        density: DensityTarget = DENSITY,
+        objective: DDGObjective = OBJECTIVE,
+        baselines: BaselineOptions = BASELINES,
         freeze_regressor: bool = True,
         lr: float = 1e-4,
         backbone_lr_mult: float = 1.0,
@@ -155,22 +201,25 @@ class SFDARegression(L.LightningModule):
         self.save_hyperparameters()
         if method not in Method.__args__:
             raise ValueError(f"unknown method {method!r}; expected one of {Method.__args__}")
-        if not 0 < quantile <= 1:
-            raise ValueError(f"quantile must be in (0, 1], got {quantile}")
-        if backbone != "small":
-            resnet_weights_file(backbone, backbone_weights)  # fail at once, before any data is read
         self.method = method
-        self.source_stage = (
-            source_stage if isinstance(source_stage, SourceRecipe) else SourceRecipe(**source_stage)
-        )
-        self.sigma = 1.0 / num_bins if sigma is None else sigma
+        self.source_stage = as_config(SourceRecipe, source_stage, "SFDARegression.source_stage")
+        self.net_config = as_config(RegressorNetConfig, net, "SFDARegression.net")
+        self.density = as_config(DensityTarget, density, "SFDARegression.density")
+        self.objective = as_config(DDGObjective, objective, "SFDARegression.objective")
+        self.baselines = as_config(BaselineOptions, baselines, "SFDARegression.baselines")
+        if not 0 < self.density.quantile <= 1:
+            raise ValueError(f"density.quantile must be in (0, 1], got {self.density.quantile}")
+        if self.net_config.backbone != "small":  # fail at once, before any data is read
+            resnet_weights_file(self.net_config.backbone, self.net_config.backbone_weights)
+        d = self.density
+        self.sigma = 1.0 / d.num_bins if d.sigma is None else d.sigma
         self.net: RegressorNet | None = None
 
-    # ---- the source stage (once per seed, cached) ---------------------------------------------------------------
+    # ---- the source stage (once per run seed's "source" stream, cached) ---------------------------------------
     def _source_loss(self, net: RegressorNet, x: Tensor, y: Tensor) -> Tensor:
         """L_src = MSE(r(g(x)), y) + λ_src_aux Σ_t CE(κ(y_t), softmax(a_t(g(x))))   (spec §3.2)"""
         _, pred, logits = net(x)
-        target = binning.soft_bin(y, self.hparams.num_bins, self.sigma)  # (b, T, B)
+        target = binning.soft_bin(y, self.density.num_bins, self.sigma)  # (b, T, B)
         ce = -(target * F.log_softmax(logits, -1)).sum(-1).mean(0).sum()
         return F.mse_loss(pred, y) + self.hparams.lambda_src_aux * ce
 
@@ -179,29 +228,29 @@ class SFDARegression(L.LightningModule):
             return
         dm = self.trainer.datamodule
         check_data(dm, SourceFreeData, f"{type(self).__name__}")
-        h = self.hparams
+        n, bins = self.net_config, self.density.num_bins
         T = dm.num_outputs
         key = {
             "kind": "sfda_regressor",
             "T": T,
-            "bins": h.num_bins,
+            "bins": bins,
             "sigma": self.sigma,
-            "backbone": h.backbone,
-            "weights": h.backbone_weights,
-            "feat_dim": h.feat_dim,
-            "lambda_src_aux": h.lambda_src_aux,
+            "backbone": n.backbone,
+            "weights": n.backbone_weights,
+            "feat_dim": n.feat_dim,
+            "lambda_src_aux": self.hparams.lambda_src_aux,
         }
 
         def build():
-            return RegressorNet(T, h.num_bins, h.backbone, h.backbone_weights, h.feat_dim)
+            return RegressorNet(T, bins, n)
 
         self.net = cached_source(
-            "domain_source", key, h.source_seed, build, self._source_loss, dm, self.source_stage
+            "domain_source", key, derive_seed("source"), build, self._source_loss, dm, self.source_stage
         )
         self._r_source = {k: v.detach().clone() for k, v in self.net.r.state_dict().items()}
         for p in self.net.r.parameters():
-            p.requires_grad_(not h.freeze_regressor)
-        self.bank = IndexedBank(dm.target_size(), h.feat_dim, T)
+            p.requires_grad_(not self.hparams.freeze_regressor)
+        self.bank = IndexedBank(dm.target_size(), n.feat_dim, T)
         self.register_buffer("tau", torch.ones(T))
         self.register_buffer("tau_epoch", torch.tensor(-1))
         self.register_buffer("bank_conf_frac", torch.tensor(float("nan")))
@@ -210,7 +259,7 @@ class SFDARegression(L.LightningModule):
         if self.teacher is not None:
             self.teacher.requires_grad_(False)
         self.val_mae = MeanAbsoluteError(num_outputs=T)
-        self.factor_names = list(getattr(dm, "factor_names", [f"f{i}" for i in range(T)]))
+        self.factor_names = list(dm.factor_names)
 
     def configure_optimizers(self):
         h = self.hparams
@@ -236,11 +285,11 @@ class SFDARegression(L.LightningModule):
     def bank_threshold(self) -> tuple[Tensor, Tensor]:
         """τ_t = the q-quantile of u over bank entries (members: the entry and its K bank neighbours) (step 5);
         returns (τ, u) with u of shape (N, T)."""
-        h = self.hparams
-        nb = self.bank.all_neighbours(h.k)
+        d = self.density
+        nb = self.bank.all_neighbours(d.k)
         members = torch.cat([self.bank.pred[:, None], self.bank.pred[nb]], dim=1)  # (N, K+1, T)
-        _, u, _, _, _ = density_targets(members, h.num_bins, self.sigma, h.window, h.refine)
-        tau = torch.quantile(u, h.quantile, dim=0, interpolation="higher")
+        _, u, _, _, _ = density_targets(members, d.num_bins, self.sigma, d.window, d.refine)
+        tau = torch.quantile(u, d.quantile, dim=0, interpolation="higher")
         return tau, u
 
     def on_train_start(self) -> None:
@@ -267,11 +316,11 @@ class SFDARegression(L.LightningModule):
     def members(self, z: Tensor, pred: Tensor, pred2: Tensor, idx: Tensor) -> Tensor:
         """Steps 2-3: bank update, then (b, K + 2, T) member predictions {ŷ, ŷ', Pb[N_K]}."""
         self.bank.update(idx, z, pred)
-        nb = self.bank.neighbours(z, self.hparams.k, idx)
+        nb = self.bank.neighbours(z, self.density.k, idx)
         return torch.cat([pred.detach()[:, None], pred2[:, None], self.bank.pred[nb]], dim=1)
 
     def training_step(self, batch, batch_idx):
-        h = self.hparams
+        d, o = self.density, self.objective
         x1, x2, idx = batch
         if self.method in ("source_only", "adabn"):
             return None  # nothing is trained
@@ -288,19 +337,19 @@ class SFDARegression(L.LightningModule):
         members = self.members(z, pred, pred2, idx)  # steps 2-3
         if self.method == "knn_pl":
             target = knn_mean_target(members)
-            if h.knn_weighting == "one_minus_u":
-                _, u, _, _, _ = density_targets(members, h.num_bins, self.sigma, h.window)
+            if self.baselines.knn_weighting == "one_minus_u":
+                _, u, _, _, _ = density_targets(members, d.num_bins, self.sigma, d.window)
                 w = (1 - u) / (1 - u).mean().clamp_min(1e-8)
             else:
                 w = torch.ones_like(target)
             loss = (w * (pred - target) ** 2).mean()
             self.log("train/loss", loss, prog_bar=True)
             return loss
-        hist, u, y_ref, lo, hi = density_targets(members, h.num_bins, self.sigma, h.window, h.refine)  # 4-6
-        parts = ddg_losses(pred, logits, hist, u, y_ref, lo, hi, self.tau, h.selection, h.weighting)  # 7
-        loss = h.lambda_reg * parts["reg"] + h.lambda_int * parts["int"] + h.lambda_aux * parts["aux"]
-        if h.lambda_cons:
-            loss = loss + h.lambda_cons * ((pred - pred2) ** 2).mean()
+        hist, u, y_ref, lo, hi = density_targets(members, d.num_bins, self.sigma, d.window, d.refine)  # 4-6
+        parts = ddg_losses(pred, logits, hist, u, y_ref, lo, hi, self.tau, o.selection, o.weighting)  # 7
+        loss = o.lambda_reg * parts["reg"] + o.lambda_int * parts["int"] + o.lambda_aux * parts["aux"]
+        if o.lambda_cons:
+            loss = loss + o.lambda_cons * ((pred - pred2) ** 2).mean()
         self.log_dict({f"train/l_{k}": v for k, v in parts.items() if k != "confident"})
         self.log("train/confident_frac", parts["confident"])
         self.log("train/loss", loss, prog_bar=True)
@@ -308,12 +357,12 @@ class SFDARegression(L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if self.teacher is not None:
-            ema_update(self.teacher, self.net, self.hparams.ema_decay)
+            ema_update(self.teacher, self.net, self.baselines.ema_decay)
 
     # ---- evaluation ----------------------------------------------------------------------------------------------
     def predict_net(self) -> RegressorNet:
         """The evaluated net: mean teacher's EMA teacher with ``teacher_eval=teacher``, else the adapted net."""
-        use_teacher = self.teacher is not None and self.hparams.teacher_eval == "teacher"
+        use_teacher = self.teacher is not None and self.baselines.teacher_eval == "teacher"
         return self.teacher if use_teacher else self.net
 
     def validation_step(self, batch, batch_idx):
@@ -347,37 +396,41 @@ class SFDARegression(L.LightningModule):
 def run_features(run_dir) -> tuple[Tensor, Tensor, list[str], None, None]:
     """Features z = g(x) (eval mode) of the source images and the target's unlabelled training images of an
     SFDA-regression run, from its checkpoint (domain 0 the source, 1 the target); the DataModule is rebuilt
-    from the checkpoint."""
+    from the checkpoint under the run's seed."""
     from litlab.lit_modules.domain.contract import RegressionDomainsDataModule
     from litlab.lit_modules.domain.report import datamodule_from_checkpoint, run_checkpoint, sub_state
 
     ckpt = run_checkpoint(run_dir)
-    dm = datamodule_from_checkpoint(ckpt, RegressionDomainsDataModule)
+    dm = datamodule_from_checkpoint(ckpt, RegressionDomainsDataModule, run_dir)
+    check_data(dm, SourceFreeData, "sfda_regression.run_features")
     hp = ckpt["hyper_parameters"]
-    net = RegressorNet(dm.num_outputs, hp["num_bins"], hp["backbone"], None, hp["feat_dim"])
+    # the checkpoint holds the backbone's weights: nothing to read from a weights file
+    config = dataclasses.replace(as_config(RegressorNetConfig, hp.get("net")), backbone_weights=None)
+    net = RegressorNet(dm.num_outputs, as_config(DensityTarget, hp.get("density")).num_bins, config)
     net.load_state_dict(sub_state(ckpt["state_dict"], "net."))
     net.eval()
-    xs = [dm.source_dataset.tensors[0], dm.target_train_dataset.x]
-    feats = [torch.cat([net.g(c) for c in x.split(512)]) for x in xs]
-    dom = torch.cat([torch.full((len(x),), i) for i, x in enumerate(xs)])
+    loaders = [dm.source_train_loader(512, shuffle=False), dm.target_plain_loader(batch_size=512)]
+    feats = [torch.cat([net.g(x) for x, _ in loader]) for loader in loaders]
+    dom = torch.cat([torch.full((len(f),), i) for i, f in enumerate(feats)])
     return torch.cat(feats), dom, [f"source {dm.source_domain}", f"target {dm.target}"], None, None
 
 
 def report(result, out_dir):
-    """``report_hook`` of seeds/sfda_regression.yaml: per-factor MAE bars and table of every method, and the
-    PCA of source and target features on C->N of the source model, AdaBN, kNN-mean and the method (the card's
-    first seed)."""
-    from litlab.lit_modules.domain.report import feature_report, merge_extras, per_target_report
+    """``report_hook`` of seeds/sfda_regression.yaml: per-factor MAE bars and table of every run measured, and
+    the PCA of source and target features at the card's first seed, before adaptation (the positive control's
+    floor) and after it (the headline method, the runs its claims compare it with, its unclaimed ablations)."""
+    from litlab.lit_modules.domain.report import (
+        card_design,
+        feature_panels,
+        feature_report,
+        merge_extras,
+        per_target_keys,
+        per_target_report,
+    )
 
-    runs = list(result.runs)
-    keys = ["val/mae_scale", "val/mae_x", "val/mae_y"]
-    panels = {
-        "before: source-only (C->N)": "src_only_cn",
-        "after: AdaBN": "adabn_cn",
-        "after: kNN-mean": "knn_cn",
-        "after: the method (ddg)": "ddg_cn",
-    }
+    roles, claims = card_design(result)
+    keys = per_target_keys(result, "val/mae_", exclude=(result.metric_name,))
     return merge_extras(
-        per_target_report(result, out_dir, "sfda_regression", runs, keys, "MAE per factor"),
-        feature_report(result, out_dir, "sfda_regression", panels, run_features),
+        per_target_report(result, out_dir, result.slug, list(result.runs), keys, "MAE per factor"),
+        feature_report(result, out_dir, result.slug, feature_panels(roles, claims), run_features),
     )

@@ -7,16 +7,17 @@ was readable). The training loop follows the first author's public precursor cod
 Parts the public code does not hold are **reconstructed** and marked below.
 
 Algorithm (stages as in the precursor's trainer):
-  1. source pre-training: CE(fc(F(x)), y) on the labelled source (cached per seed, ``source.cached_source``);
-     the memory M is filled with F(x) of every source sample, domain 0.
+  1. source pre-training: CE(fc(F(x)), y) on the labelled source (trained once per run seed's ``"source"``
+     stream and cached, ``source.cached_source``); the memory M is filled with F(x) of every source sample,
+     domain 0.
   2. domain-aware curriculum, once per target (§3.3):
      a. pick the remaining target with the largest mean max-softmax of fc(F(x)) (eval mode)
-     b. ``adapt_iters`` steps: L = CE(fc(h_s), y_s) + λ_adv · CE(cos(h_t, μ)/τ, ŷ_t), with (h_s, y_s, d_s)
+     b. ``curriculum.iters_per_target`` steps: L = CE(fc(h_s), y_s) + λ_adv · CE(cos(h_t, μ)/τ, ŷ_t), with (h_s, y_s, d_s)
         appended to the FIFO memory M every step and μ = class means of M recomputed every step;
-        ŷ_t = argmax fc(h_t) (``use_gnn=false``, the toy's default, as the spec's prototype); with D-CGCT's
-        graph head G (``use_gnn=true``, ``graph.ClassifierGNN`` over the batch of b_s + b_t nodes) ŷ_t = argmax
+        ŷ_t = argmax fc(h_t) (``graph.use_gnn=false``, the toy's default, as the spec's prototype); with D-CGCT's
+        graph head G (``graph.use_gnn=true``, ``graph.ClassifierGNN`` over the batch of b_s + b_t nodes) ŷ_t = argmax
         G(h)_t and L += λ_node CE(G(h)_s, y_s) + λ_edge BCE(A, 1[y_i = y_j]) over the pairs of source and
-        confident (max softmax fc > thr) target nodes; the target choice and the upgrade use G's probabilities
+        confident (max softmax fc > ``curriculum.thr``) target nodes; the target choice and the upgrade use G's probabilities
      c. pseudo-source upgrade: every sample of the adapted target with max softmax > thr joins the
         pseudo-source set with its pseudo-label and domain index m
   3. causal stage (``method=u3cf``; §3.4, the network is **reconstructed**: the precursor's network file is not
@@ -32,13 +33,19 @@ Algorithm (stages as in the precursor's trainer):
 
 Baselines in the same module: ``source_only`` (stage 1 only) and ``shot`` (Liang et al., arXiv 2002.08546, on
 the blended targets: frozen fc, entropy − diversity + β·CE to weighted-centroid pseudo-labels refreshed every
-``shot_refresh`` iterations).
+``shot.refresh`` iterations).
 
-Backbone F: the toy's small conv net (``backbone="small"``), or at full scale a torchvision ResNet by name
-(``backbone="resnet50"`` / ``"resnet101"``, ``backbone_weights="IMAGENET1K_V1"`` or a local state-dict file),
-checked when the module is built: without torchvision or the weights file it fails at once naming them.
+Backbone F: the toy's small conv net (``net.backbone="small"``), or at full scale a torchvision ResNet by name
+(``net.backbone="resnet50"`` / ``"resnet101"``, ``net.backbone_weights="IMAGENET1K_V1"`` or a local state-dict
+file), checked when the module is built: without torchvision or the weights file it fails at once naming them.
 
-With ``use_gnn=true`` G is trained in the source stage too (CE + λ_node CE(G) + λ_edge BCE), prototype-only's
+Arguments come in groups (``config_part``): ``net`` (F, the bottleneck, the latents), ``curriculum`` (stage 2),
+``causal`` (stage 3), ``graph`` (D-CGCT's graph head), ``shot`` (the SHOT baseline); the optimiser's ``lr``,
+``momentum`` and ``weight_decay`` stay flat. Random streams come from the run seed (``derive_seed``): the cached
+source model ``"source"``, the causal head's initialisation ``"init"``, each step's batches and noise
+``"batches"``; the digits themselves come from the DataModule's ``"data"``.
+
+With ``graph.use_gnn=true`` G is trained in the source stage too (CE + λ_node CE(G) + λ_edge BCE), prototype-only's
 fine-tune adds the same terms, and the causal stage adds the graph branch of the adjustment (G on each
 h^{do(d)}, log-mean-exp over d: λ_node NLL + λ_edge BCE of the d-averaged edges). G's accuracy is logged as
 ``val/acc_gnn_*`` (one graph per evaluation batch of 512 images, transductive) beside the MLP's ``val/acc_*``,
@@ -47,6 +54,7 @@ which stays the card's metric; neither is picked with target labels.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Literal
 
@@ -56,8 +64,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from litlab.lit_modules.core.config import as_config, config_part
+from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.domain.baselines import shot_losses
-from litlab.lit_modules.domain.contract import DomainData, check_data
+from litlab.lit_modules.domain.contract import MultiTargetData, check_data
 from litlab.lit_modules.domain.graph import ClassifierGNN, edge_loss
 from litlab.lit_modules.domain.nets import ConvFeatures, ResNetFeatures, resnet_weights_file
 from litlab.lit_modules.domain.prototypes import FIFOMemory, class_means, prototype_contrastive_loss
@@ -65,6 +75,78 @@ from litlab.lit_modules.domain.source import SourceRecipe, cached_source
 
 Method = Literal["source_only", "shot", "prototype_only", "u3cf"]
 SOURCE_RECIPE = SourceRecipe(optimizer="sgd", lr=0.01, weight_decay=5e-4, iters=600, batch_size=32)
+
+
+@config_part
+class U3CFNet:
+    """F -> bottleneck (width ``feat_dim``) -> fc, and the causal latents z_c, z_d (width ``latent``):
+    ``backbone="small"`` is the toy's conv net with ``channels`` (strides 1/2/2), else a torchvision ResNet by
+    name with ``backbone_weights`` (``"IMAGENET1K_V1"`` or a local state-dict file)."""
+
+    backbone: str = "small"
+    backbone_weights: str | None = None
+    channels: tuple[int, ...] = (32, 64, 64)
+    feat_dim: int = 64
+    latent: int = 64
+
+
+@config_part
+class Curriculum:
+    """Stage 2 (§3.3), once per target: ``iters_per_target`` steps on ``batch_source`` pseudo-source +
+    ``batch_target`` target images; the prototype-contrastive term's temperature ``tau`` and weight
+    ``lambda_adv``; ``thr``, the confidence above which a target sample joins the pseudo-source."""
+
+    iters_per_target: int = 400
+    batch_source: int = 32
+    batch_target: int = 32
+    thr: float = 0.7
+    tau: float = 1.0
+    lambda_adv: float = 1.0
+
+
+@config_part
+class CausalStage:
+    """Stage 3 (§3.4): ``iters`` steps on pseudo-source batches of ``batch_size`` (prototype-only's CE fine-tune
+    uses the same schedule); the loss weights λ_mlp (the backdoor NLL), λ_ce, λ_kl (the MI term), λ_res and
+    λ_klg (the latents' KL, annealed in over ``kl_anneal_steps``)."""
+
+    iters: int = 600
+    batch_size: int = 64
+    lambda_mlp: float = 1.0
+    lambda_ce: float = 1.0
+    lambda_kl: float = 1.0
+    lambda_res: float = 1.0
+    lambda_klg: float = 0.01
+    kl_anneal_steps: int = 300
+
+
+@config_part
+class GraphHead:
+    """D-CGCT's graph head G (``use_gnn``): ``edge_features`` of its edge network, weights ``lambda_node`` (G's
+    node CE) and ``lambda_edge`` (the edge BCE) in every stage."""
+
+    use_gnn: bool = False
+    edge_features: int = 128
+    lambda_node: float = 0.3
+    lambda_edge: float = 1.0
+
+
+@config_part
+class ShotBaseline:
+    """SHOT (``method=shot``): ``iters`` steps on blended-target batches of ``batch_size``; ``beta`` weighs the CE
+    to the centroid pseudo-labels, refreshed every ``refresh`` steps."""
+
+    iters: int = 600
+    batch_size: int = 64
+    beta: float = 0.3
+    refresh: int = 100
+
+
+NET = U3CFNet()
+CURRICULUM = Curriculum()
+CAUSAL_STAGE = CausalStage()
+GRAPH_HEAD = GraphHead()
+SHOT = ShotBaseline()
 
 
 # ---- the causal stage's pieces (pure functions and a small module) -----------------------------------------------
@@ -163,15 +245,15 @@ class Classifier(nn.Module):
         return self.fc(self.features(x))
 
 
-def build_classifier(hparams, num_classes: int) -> Classifier:
-    """The network of a U3CF module with these hyper-parameters (its ``hparams``, or a checkpoint's)."""
+def build_classifier(net: U3CFNet, graph: GraphHead, num_classes: int) -> Classifier:
+    """The network of a U3CF module with these groups (its own, or a checkpoint's)."""
     return Classifier(
-        tuple(hparams["channels"]),
-        hparams["feat_dim"],
+        tuple(net.channels),
+        net.feat_dim,
         num_classes,
-        hparams.get("backbone", "small"),
-        hparams.get("backbone_weights"),
-        hparams.get("edge_features", 128) if hparams.get("use_gnn", False) else 0,
+        net.backbone,
+        net.backbone_weights,
+        graph.edge_features if graph.use_gnn else 0,
     )
 
 
@@ -188,53 +270,33 @@ class U3CF(L.LightningModule):
         self,
         method: Method = "u3cf",
         source_stage: SourceRecipe = SOURCE_RECIPE,
-        source_seed: int = 0,
-        channels: tuple[int, ...] = (32, 64, 64),
-        feat_dim: int = 64,
-        latent: int = 64,
+        net: U3CFNet = NET,
+        curriculum: Curriculum = CURRICULUM,
+        causal: CausalStage = CAUSAL_STAGE,
+        graph: GraphHead = GRAPH_HEAD,
+        shot: ShotBaseline = SHOT,
         lr: float = 0.005,
         momentum: float = 0.9,
         weight_decay: float = 5e-4,
-        adapt_iters: int = 400,
-        finetune_iters: int = 600,
-        batch_source: int = 32,
-        batch_target: int = 32,
-        batch_finetune: int = 64,
-        thr: float = 0.7,
-        tau: float = 1.0,
-        lambda_adv: float = 1.0,
-        lambda_mlp: float = 1.0,
-        lambda_ce: float = 1.0,
-        lambda_kl: float = 1.0,
-        lambda_res: float = 1.0,
-        lambda_klg: float = 0.01,
-        kl_anneal_steps: int = 300,
-        shot_iters: int = 600,
-        shot_batch: int = 64,
-        shot_beta: float = 0.3,
-        shot_refresh: int = 100,
-        use_gnn: bool = False,
-        edge_features: int = 128,
-        lambda_node: float = 0.3,
-        lambda_edge: float = 1.0,
-        backbone: str = "small",
-        backbone_weights: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
         if method not in Method.__args__:
             raise ValueError(f"unknown method {method!r}; expected one of {Method.__args__}")
-        if use_gnn and method == "shot":
-            raise ValueError(
-                "use_gnn=true applies to source_only / prototype_only / u3cf; SHOT has no graph head"
-            )
-        if backbone != "small":
-            resnet_weights_file(backbone, backbone_weights)  # fail at once, before any data is read
-        self.automatic_optimization = False
         self.method = method
-        self.source_stage = (
-            source_stage if isinstance(source_stage, SourceRecipe) else SourceRecipe(**source_stage)
-        )
+        self.source_stage = as_config(SourceRecipe, source_stage, "U3CF.source_stage")
+        self.net_config = as_config(U3CFNet, net, "U3CF.net")
+        self.curriculum = as_config(Curriculum, curriculum, "U3CF.curriculum")
+        self.causal_stage = as_config(CausalStage, causal, "U3CF.causal")
+        self.graph = as_config(GraphHead, graph, "U3CF.graph")
+        self.shot = as_config(ShotBaseline, shot, "U3CF.shot")
+        if self.graph.use_gnn and method == "shot":
+            raise ValueError(
+                "graph.use_gnn=true applies to source_only / prototype_only / u3cf; SHOT has no graph head"
+            )
+        if self.net_config.backbone != "small":  # fail at once, before any data is read
+            resnet_weights_file(self.net_config.backbone, self.net_config.backbone_weights)
+        self.automatic_optimization = False
         self.net: Classifier | None = None
 
     # ---- setup: source stage, buffers --------------------------------------------------------------------------
@@ -242,18 +304,18 @@ class U3CF(L.LightningModule):
         if self.net is not None:
             return
         dm = self.trainer.datamodule
-        check_data(dm, DomainData, type(self).__name__)
-        h = self.hparams
+        check_data(dm, MultiTargetData, type(self).__name__)
+        n, g = self.net_config, self.graph
         C, M = dm.num_outputs, len(dm.target_domains)
         self.num_targets, self.num_classes = M, C
-        key = {"kind": "u3cf_classifier", "channels": list(h.channels), "feat_dim": h.feat_dim, "C": C}
-        if h.backbone != "small":  # the toy's key (and so its cached source checkpoints) stays as it was
-            key |= {"backbone": h.backbone, "weights": h.backbone_weights}
-        if h.use_gnn:  # the graph head is trained in the source stage too (spec §3.2)
-            key |= {"gnn": {"E": h.edge_features, "lambda_node": h.lambda_node, "lambda_edge": h.lambda_edge}}
+        key = {"kind": "u3cf_classifier", "channels": list(n.channels), "feat_dim": n.feat_dim, "C": C}
+        if n.backbone != "small":  # the toy's key stays without these
+            key |= {"backbone": n.backbone, "weights": n.backbone_weights}
+        if g.use_gnn:  # the graph head is trained in the source stage too (spec §3.2)
+            key |= {"gnn": {"E": g.edge_features, "lambda_node": g.lambda_node, "lambda_edge": g.lambda_edge}}
 
         def build():
-            return build_classifier(h, C)
+            return build_classifier(n, g, C)
 
         def loss(net, x, y):
             if net.gnn is None:
@@ -262,55 +324,65 @@ class U3CF(L.LightningModule):
             logits_g, sim = net.gnn(feats)
             return (
                 F.cross_entropy(net.fc(feats), y)
-                + h.lambda_node * F.cross_entropy(logits_g, y)
-                + h.lambda_edge * edge_loss(sim, y)
+                + g.lambda_node * F.cross_entropy(logits_g, y)
+                + g.lambda_edge * edge_loss(sim, y)
             )
 
-        self.net = cached_source("domain_source", key, h.source_seed, build, loss, dm, self.source_stage)
+        self.net = cached_source(
+            "domain_source", key, derive_seed("source"), build, loss, dm, self.source_stage
+        )
         with torch.random.fork_rng():
-            torch.manual_seed(h.source_seed + 1)
-            self.causal = CausalHead(h.feat_dim, h.latent, C, M + 1)
+            torch.manual_seed(derive_seed("init"))
+            self.causal = CausalHead(n.feat_dim, n.latent, C, M + 1)
+        self.batch_seed = derive_seed("batches")
         self.target_x = [x.to(self.device) for x in dm.target_x]
         self.source_x, self.source_y = dm.source_x, dm.source_y
         sizes = [len(x) for x in self.target_x]
         self.offsets = [0, *torch.tensor(sizes).cumsum(0).tolist()]
         total = len(self.source_x) + self.offsets[-1]
-        self.memory = FIFOMemory(total, h.feat_dim)
-        self.conf_bank = FIFOMemory(total, h.latent)
+        self.memory = FIFOMemory(total, n.feat_dim)
+        self.conf_bank = FIFOMemory(total, n.latent)
         self.register_buffer("ps_label", torch.full((self.offsets[-1],), -1, dtype=torch.long))
         self.register_buffer("ps_conf", torch.zeros(self.offsets[-1]))
         self.register_buffer("order", torch.full((M,), -1, dtype=torch.long))
-        self.register_buffer("conf_protos", torch.zeros(M + 1, h.latent))
+        self.register_buffer("conf_protos", torch.zeros(M + 1, n.latent))
         self.register_buffer("shot_labels", torch.zeros(self.offsets[-1], dtype=torch.long))
         self.register_buffer("it", torch.zeros((), dtype=torch.long))
         self.register_buffer("prepared", torch.tensor(False))
         if self.method == "shot":
             self.net.fc.requires_grad_(False)  # SHOT's hypothesis transfer
         self.accs = nn.ModuleList(MulticlassAccuracy(C, average="micro") for _ in range(M))
-        if h.use_gnn:
+        if g.use_gnn:
             self.accs_gnn = nn.ModuleList(MulticlassAccuracy(C, average="micro") for _ in range(M))
         self.target_names = list(dm.target_domains)
 
+    def curriculum_steps(self) -> int:
+        """Stage 2's length: ``iters_per_target`` steps for each target."""
+        return self.num_targets * self.curriculum.iters_per_target
+
     def total_steps(self) -> int:
-        h = self.hparams
         return {
             "source_only": 0,
-            "shot": h.shot_iters,
-            "prototype_only": self.num_targets * h.adapt_iters + h.finetune_iters,
-            "u3cf": self.num_targets * h.adapt_iters + h.finetune_iters,
+            "shot": self.shot.iters,
+            "prototype_only": self.curriculum_steps() + self.causal_stage.iters,
+            "u3cf": self.curriculum_steps() + self.causal_stage.iters,
         }[self.method]
 
     def configure_optimizers(self):
-        h = self.hparams
         params = [p for p in [*self.net.parameters(), *self.causal.parameters()] if p.requires_grad]
         return torch.optim.SGD(
-            params, lr=h.lr, momentum=h.momentum, nesterov=True, weight_decay=h.weight_decay
+            params,
+            lr=self.hparams.lr,
+            momentum=self.hparams.momentum,
+            nesterov=True,
+            weight_decay=self.hparams.weight_decay,
         )
 
     # ---- helpers --------------------------------------------------------------------------------------------------
     def gen(self) -> torch.Generator:
-        """The step's generator: a function of (seed, iteration), so a resumed run draws the same batches."""
-        return torch.Generator().manual_seed(self.hparams.source_seed * 1_000_003 + int(self.it))
+        """The step's generator: a function of (the run's "batches" stream, iteration), so a resumed run draws
+        the same batches."""
+        return torch.Generator().manual_seed(self.batch_seed * 1_000_003 + int(self.it))
 
     @torch.no_grad()
     def eval_probs(self, x: Tensor, head: str = "model") -> tuple[Tensor, Tensor]:
@@ -362,7 +434,7 @@ class U3CF(L.LightningModule):
         feats, p = self.eval_probs(self.target_x[t])  # G's probabilities with the graph head
         conf, lab = p.max(1)
         sl = slice(self.offsets[t], self.offsets[t + 1])
-        keep = conf > self.hparams.thr
+        keep = conf > self.curriculum.thr
         self.ps_label[sl] = torch.where(keep, lab, torch.full_like(lab, -1))
         self.ps_conf[sl] = conf
         if last:  # §3.3.4: the last target's (h, MLP pseudo-label, d) also enter M
@@ -409,7 +481,6 @@ class U3CF(L.LightningModule):
 
     # ---- one step -------------------------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
-        h = self.hparams
         it, gen = int(self.it), self.gen()
         if it >= self.total_steps():
             return None  # source-only: nothing is trained (the DataModule serves at least one step)
@@ -417,7 +488,7 @@ class U3CF(L.LightningModule):
         if self.method == "shot":
             loss = self.shot_step(it, gen)
         else:
-            A, M = h.adapt_iters, self.num_targets
+            A, M = self.curriculum.iters_per_target, self.num_targets
             if it < M * A:
                 m, local = divmod(it, A)
                 if local == 0:
@@ -433,9 +504,9 @@ class U3CF(L.LightningModule):
         opt.zero_grad(set_to_none=True)
         self.manual_backward(loss)
         opt.step()
-        if self.method in ("prototype_only", "u3cf") and it < self.num_targets * h.adapt_iters:
-            m, local = divmod(it, h.adapt_iters)
-            if local == h.adapt_iters - 1:
+        if self.method in ("prototype_only", "u3cf") and it < self.curriculum_steps():
+            m, local = divmod(it, self.curriculum.iters_per_target)
+            if local == self.curriculum.iters_per_target - 1:
                 self.upgrade_pseudo_source(int(self.order[m]), last=m == self.num_targets - 1)
         self.it += 1
         self.log("train/loss", loss.detach(), prog_bar=True)
@@ -444,10 +515,10 @@ class U3CF(L.LightningModule):
         """§3.3.2: L = CE(fc(h_s), y_s) + λ_adv CE(cos(h_t, μ)/τ, ŷ_t), ŷ_t = argmax fc(h_t); with the graph head
         L += λ_node CE(G(h)_s, y_s) + λ_edge BCE(A, edge) over the source and confident target nodes, and
         ŷ_t = argmax G(h)_t."""
-        h = self.hparams
+        c, g = self.curriculum, self.graph
         pool = self.pseudo_source_pool()
-        xs, ys, ds = self.sample(pool, h.batch_source, gen)
-        xt = self.target_x[t][torch.randint(0, len(self.target_x[t]), (h.batch_target,), generator=gen)]
+        xs, ys, ds = self.sample(pool, c.batch_source, gen)
+        xt = self.target_x[t][torch.randint(0, len(self.target_x[t]), (c.batch_target,), generator=gen)]
         feats = self.net.features(torch.cat([xs, xt]))
         h_s, h_t = feats[: len(xs)], feats[len(xs) :]
         l_mlp = F.cross_entropy(self.net.fc(h_s), ys)
@@ -457,16 +528,16 @@ class U3CF(L.LightningModule):
         mu = class_means(*self.memory.rows()[:2], self.num_classes)  # recomputed every step, detached
         if self.net.gnn is None:
             pseudo = self.net.fc(h_t).argmax(1).detach()
-            l_proto = prototype_contrastive_loss(h_t, mu, pseudo, h.tau)
+            l_proto = prototype_contrastive_loss(h_t, mu, pseudo, c.tau)
             self.log_dict({"train/l_mlp": l_mlp.detach(), "train/l_proto": l_proto.detach()})
-            return l_mlp + h.lambda_adv * l_proto
+            return l_mlp + c.lambda_adv * l_proto
         logits_g, sim = self.net.gnn(feats)  # one graph over the b_s + b_t nodes
         l_gnn = F.cross_entropy(logits_g[: len(xs)], ys)
         conf, lab_t = self.net.fc(h_t).detach().softmax(-1).max(1)
-        edge_labels = torch.cat([ys, torch.where(conf > h.thr, lab_t, torch.full_like(lab_t, -1))])
+        edge_labels = torch.cat([ys, torch.where(conf > c.thr, lab_t, torch.full_like(lab_t, -1))])
         l_edge = edge_loss(sim, edge_labels)
         pseudo = logits_g[len(xs) :].argmax(1).detach()
-        l_proto = prototype_contrastive_loss(h_t, mu, pseudo, h.tau)
+        l_proto = prototype_contrastive_loss(h_t, mu, pseudo, c.tau)
         self.log_dict(
             {
                 "train/l_mlp": l_mlp.detach(),
@@ -475,29 +546,29 @@ class U3CF(L.LightningModule):
                 "train/l_edge": l_edge.detach(),
             }
         )
-        return l_mlp + h.lambda_node * l_gnn + h.lambda_edge * l_edge + h.lambda_adv * l_proto
+        return l_mlp + g.lambda_node * l_gnn + g.lambda_edge * l_edge + c.lambda_adv * l_proto
 
     def finetune_step(self, gen) -> Tensor:
         """prototype-only's stage 3: plain CE on the pseudo-source set (with the graph head, D-CGCT's fine-tune:
         + λ_node CE(G(h), y) + λ_edge BCE(A, edge(y)))."""
-        h = self.hparams
-        x, y, _ = self.sample(self.pseudo_source_pool(), h.batch_finetune, gen)
+        g = self.graph
+        x, y, _ = self.sample(self.pseudo_source_pool(), self.causal_stage.batch_size, gen)
         if self.net.gnn is None:
             return F.cross_entropy(self.net(x), y)
         feats = self.net.features(x)
         logits_g, sim = self.net.gnn(feats)
         return (
             F.cross_entropy(self.net.fc(feats), y)
-            + h.lambda_node * F.cross_entropy(logits_g, y)
-            + h.lambda_edge * edge_loss(sim, y)
+            + g.lambda_node * F.cross_entropy(logits_g, y)
+            + g.lambda_edge * edge_loss(sim, y)
         )
 
     def causal_step(self, step: int, gen) -> Tensor:
         """§3.4: the causal stage's losses on a pseudo-source batch."""
-        h = self.hparams
-        x, y, d = self.sample(self.pseudo_source_pool(), h.batch_finetune, gen)
+        c, g, k = self.causal_stage, self.graph, self.net_config.latent
+        x, y, d = self.sample(self.pseudo_source_pool(), c.batch_size, gen)
         feats = self.net.features(x)
-        noise = (torch.randn(len(x), h.latent, generator=gen), torch.randn(len(x), h.latent, generator=gen))
+        noise = (torch.randn(len(x), k, generator=gen), torch.randn(len(x), k, generator=gen))
         z_c, z_d, (mu1, lv1, mu2, lv2) = self.causal.encode(feats, tuple(n.to(self.device) for n in noise))
         rec = self.causal.dec(torch.cat([z_c, z_d], -1))
         self.conf_bank.append(z_d, d, d)
@@ -509,7 +580,7 @@ class U3CF(L.LightningModule):
         l_sup = F.cross_entropy(self.causal.c1(z_c), y) + F.cross_entropy(self.causal.c2(z_d), d)
         l_mi = mi_loss(self.causal.c2(z_c), self.causal.c1(z_d))
         l_rec = F.mse_loss(rec, feats)
-        anneal = min(1.0, step / max(1, h.kl_anneal_steps))
+        anneal = min(1.0, step / max(1, c.kl_anneal_steps))
         self.log_dict(
             {
                 "train/l_do": l_mlp.detach(),
@@ -520,33 +591,32 @@ class U3CF(L.LightningModule):
             }
         )
         loss = (
-            h.lambda_mlp * l_mlp
-            + h.lambda_klg * anneal * l_vae
-            + h.lambda_ce * l_sup
-            + h.lambda_kl * l_mi
-            + h.lambda_res * l_rec
+            c.lambda_mlp * l_mlp
+            + c.lambda_klg * anneal * l_vae
+            + c.lambda_ce * l_sup
+            + c.lambda_kl * l_mi
+            + c.lambda_res * l_rec
         )
         if self.net.gnn is not None:  # the graph branch: λ_node3 = λ_node, λ_edge3 = λ_edge (spec §3.7)
             logp_g, sim = backdoor_gnn(self.net.gnn, intervened(self.causal.dec, z_c, protos))
             l_gnn, l_edge = F.nll_loss(logp_g, y), edge_loss(sim, y)
             self.log_dict({"train/l_gnn_do": l_gnn.detach(), "train/l_edge_do": l_edge.detach()})
-            loss = loss + h.lambda_node * l_gnn + h.lambda_edge * l_edge
+            loss = loss + g.lambda_node * l_gnn + g.lambda_edge * l_edge
         return loss
 
     def shot_step(self, it: int, gen) -> Tensor:
-        h = self.hparams
-        if it % h.shot_refresh == 0:
+        if it % self.shot.refresh == 0:
             self.refresh_shot_labels()
         x = torch.cat(self.target_x)
-        idx = torch.randint(0, len(x), (h.shot_batch,), generator=gen)
+        idx = torch.randint(0, len(x), (self.shot.batch_size,), generator=gen)
         logits = self.net(x[idx])
         ent, div = shot_losses(logits)
-        return ent - div + h.shot_beta * F.cross_entropy(logits, self.shot_labels[idx])
+        return ent - div + self.shot.beta * F.cross_entropy(logits, self.shot_labels[idx])
 
     # ---- evaluation -----------------------------------------------------------------------------------------------
     def predict_log_probs(self, x: Tensor) -> Tensor:
         feats = self.net.features(x)
-        if self.method == "u3cf" and int(self.it) > self.num_targets * self.hparams.adapt_iters:
+        if self.method == "u3cf" and int(self.it) > self.curriculum_steps():
             z_c = self.causal.encode(feats, None)[0]
             return backdoor_log_prob(self.net.fc, self.causal.dec, z_c, self.conf_protos)
         return F.log_softmax(self.net.fc(feats), -1)
@@ -554,7 +624,7 @@ class U3CF(L.LightningModule):
     def predict_gnn_log_probs(self, x: Tensor) -> Tensor:
         """The graph branch (secondary; transductive over the batch: one graph over its images)."""
         feats = self.net.features(x)
-        if self.method == "u3cf" and int(self.it) > self.num_targets * self.hparams.adapt_iters:
+        if self.method == "u3cf" and int(self.it) > self.curriculum_steps():
             z_c = self.causal.encode(feats, None)[0]
             return backdoor_gnn(self.net.gnn, intervened(self.causal.dec, z_c, self.conf_protos))[0]
         return F.log_softmax(self.net.gnn(feats)[0], -1)
@@ -586,13 +656,10 @@ class U3CF(L.LightningModule):
                 self.log(f"val/acc_gnn_{name}", accs_g[-1])
             self.log("val/acc_gnn_mean", torch.stack(accs_g).mean())
         order = self.order.tolist()
-        if (
-            self.method in ("prototype_only", "u3cf")
-            and int(self.it) >= self.num_targets * self.hparams.adapt_iters
-        ):
+        if self.method in ("prototype_only", "u3cf") and int(self.it) >= self.curriculum_steps():
             self.log("curriculum/order_ok", float(sorted(order) == list(range(self.num_targets))))
             added = self.ps_label >= 0
-            ok = bool((self.ps_conf[added] > self.hparams.thr).all())
+            ok = bool((self.ps_conf[added] > self.curriculum.thr).all())
             _, _, dom = self.pseudo_source_pool()
             ok = ok and bool((dom[len(self.source_y) :] >= 1).all())
             self.log("curriculum/pseudo_source_ok", float(ok))
@@ -603,41 +670,44 @@ class U3CF(L.LightningModule):
 def run_features(run_dir) -> tuple[Tensor, Tensor, list[str], Tensor, list[str]]:
     """Bottleneck features h = F(x) (eval mode) of every source and target image of a U3CF run, from its
     checkpoint; domain index 0 is the source, m the m-th target; with the true classes (read for the figure
-    only) and the class names. The DataModule is rebuilt from the checkpoint."""
+    only, from the evaluation loader) and the class names. The DataModule is rebuilt from the checkpoint under
+    the run's seed."""
     from litlab.lit_modules.domain.contract import MultiTargetDigitsDataModule
     from litlab.lit_modules.domain.report import datamodule_from_checkpoint, run_checkpoint, sub_state
 
     ckpt = run_checkpoint(run_dir)
-    dm = datamodule_from_checkpoint(ckpt, MultiTargetDigitsDataModule)
-    hp = dict(ckpt["hyper_parameters"])
-    hp["backbone_weights"] = None  # the checkpoint holds the weights
-    net = build_classifier(hp, dm.num_outputs)
+    dm = datamodule_from_checkpoint(ckpt, MultiTargetDigitsDataModule, run_dir)
+    check_data(dm, MultiTargetData, "u3cf.run_features")
+    hp = ckpt["hyper_parameters"]
+    # the checkpoint holds the backbone's weights: nothing to read from a weights file
+    net_config = dataclasses.replace(as_config(U3CFNet, hp.get("net")), backbone_weights=None)
+    net = build_classifier(net_config, as_config(GraphHead, hp.get("graph")), dm.num_outputs)
     net.load_state_dict(sub_state(ckpt["state_dict"], "net."))
     net.eval()
     xs = [dm.source_x, *dm.target_x]
     feats = [torch.cat([net.features(c) for c in x.split(512)]) for x in xs]
     dom = torch.cat([torch.full((len(x),), i) for i, x in enumerate(xs)])
-    labels = torch.cat([dm.source_y, *dm._target_y])  # the true classes, for the figure only
-    classes = list(getattr(dm, "classes", None) or range(dm.num_outputs))
-    return torch.cat(feats), dom, ["source", *dm.target_domains], labels, [str(c) for c in classes]
+    target_y = [y for _, y, _ in dm.val_dataloader()]  # every target, in domain order
+    labels = torch.cat([dm.source_y, *target_y])
+    return torch.cat(feats), dom, ["source", *dm.target_domains], labels, [str(c) for c in dm.classes]
 
 
 def report(result, out_dir):
-    """``report_hook`` of seeds/u3cf.yaml: per-target accuracy bars and table of every method, and the PCA of
-    source and target features of the source-only model, prototype-only, U³CF and (optional run) U³CF with the
-    graph head (the card's first seed)."""
-    from litlab.lit_modules.domain.report import feature_report, merge_extras, per_target_report
+    """``report_hook`` of seeds/u3cf.yaml: per-target accuracy bars and table of every run measured, and the PCA
+    of source and target features at the card's first seed, before adaptation (the positive control's floor)
+    and after it (the headline method, the runs its claims compare it with, its unclaimed ablations)."""
+    from litlab.lit_modules.domain.report import (
+        card_design,
+        feature_panels,
+        feature_report,
+        merge_extras,
+        per_target_keys,
+        per_target_report,
+    )
 
-    runs = ["source_only", "shot", "prototype_only", "u3cf", "source_only_sp", "prototype_only_sp", "u3cf_sp"]
-    runs += ["u3cf_gnn"]
-    keys = ["val/acc_T1", "val/acc_T2", "val/acc_T3"]
-    panels = {
-        "before: source-only": "source_only",
-        "after: prototype-only": "prototype_only",
-        "after: U³CF": "u3cf",
-        "after: U³CF + graph head": "u3cf_gnn",  # optional (--all)
-    }
+    roles, claims = card_design(result)
+    keys = per_target_keys(result, "val/acc_", exclude=(result.metric_name, "val/acc_gnn_"))
     return merge_extras(
-        per_target_report(result, out_dir, "u3cf", runs, keys, "target accuracy"),
-        feature_report(result, out_dir, "u3cf", panels, run_features),
+        per_target_report(result, out_dir, result.slug, list(result.runs), keys, "target accuracy"),
+        feature_report(result, out_dir, result.slug, feature_panels(roles, claims), run_features),
     )
