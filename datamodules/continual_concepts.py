@@ -11,7 +11,9 @@ paper's body was not readable): 16×16 RGB renders in [-1, 1].
   with position / size jitter, prompt "a <V_t> {shape}"; a held-out set of ``heldout_per_concept`` fresh renders
   with a fixed ``(tau, eps)`` grid for the held-out denoising loss.
 
-Rendering is vectorised over images (masks from one coordinate grid), seeded by ``data_seed``. The vocabulary
+Rendering is vectorised over images (masks from one coordinate grid). Randomness comes from the run's seed by
+name (``core.seeding.derive_seed``): the renders, the held-out split and noise and the base-preservation set from
+"data", the order of the training batches from "data.order", the calibration prompts from "prompts". The vocabulary
 is word-level and fixed (no tokenizer download); the concept tokens ``<V0>`` … are reserved rows of it, so the
 text encoder's embedding keeps its shape over the task sequence.
 
@@ -19,7 +21,7 @@ Full scale (``data_root``) reads a local folder in the CIFC / Custom-Diffusion l
 ``caption/<concept>/<image stem>.txt``); nothing is downloaded, and a missing or empty concept folder stops the run
 at once, naming it. Concepts t = 0..T-1 are the first ``num_concepts`` of ``concept_names``, in that order; each
 one's images are resized (shorter side, bicubic) and centre-cropped to ``image_size``, in [-1, 1]; a seeded split
-(``data_seed``, t) keeps ``heldout_images`` of them for the held-out grid and trains on the rest. Its class word
+(the "data" stream, t) keeps ``heldout_images`` of them for the held-out grid and trains on the rest. Its class word
 is ``class_words[t]`` (default: the folder name without trailing digits, ``_`` read as a space: "duck_toy" ->
 "duck toy"). Prompts: an image's caption file, with ``<V_t>`` put before the first occurrence of the class word
 (or "a <V_t> {class word}, " before the caption when the caption does not name it); without a caption file the
@@ -36,7 +38,6 @@ current epoch through ``task_of_epoch``.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
+
+from litlab.lit_modules.core.seeding import derive_seed
 
 SHAPES = ("circle", "square", "triangle", "diamond", "cross", "ring")
 COLOURS = {
@@ -197,7 +200,6 @@ class ContinualConceptDataModule(L.LightningDataModule):
         heldout_per_concept: int = 16,
         eval_timesteps: list[int] = [100, 300, 500, 700, 900],  # noqa: B006
         num_calibration_prompts: int = 64,
-        data_seed: int = 0,
         data_root: str | None = None,
         concept_names: list[str] | None = None,
         class_words: list[str] | None = None,
@@ -214,7 +216,7 @@ class ContinualConceptDataModule(L.LightningDataModule):
         self.heldout_per_concept = heldout_per_concept
         self.eval_timesteps = list(eval_timesteps)
         self.num_calibration_prompts = num_calibration_prompts
-        self.data_seed = data_seed
+        self._data_seed: int | None = None  # the run's "data" stream, drawn at first use
         self.data_root = data_root
         self.concept_names = concept_names
         self.vocab = VOCAB
@@ -247,6 +249,14 @@ class ContinualConceptDataModule(L.LightningDataModule):
             if class_words
             else [default_class_word(n) for n in self.concept_names or []]
         )
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of the world this DataModule draws (renders, held-out split and noise, base-preservation
+        set): the run's "data" stream, drawn once, so the data stays the data the DataModule first served."""
+        if self._data_seed is None:
+            self._data_seed = derive_seed("data")
+        return self._data_seed
 
     def use_tokenizer(
         self, tokenize_fn: Callable[[list[str]], Tensor], token_id_fn: Callable[[str], int]
@@ -284,14 +294,15 @@ class ContinualConceptDataModule(L.LightningDataModule):
         ]
         return x, tokenize(prompts)
 
-    def base_eval_set(self, gen_seed: int = 12345) -> tuple[Tensor, Tensor]:
-        """One render of each of the 48 base prompts "a {colour} {shape}" (base preservation, tau = 500). Folder
-        world: every concept's held-out images under its class-only prompt "a {class word}" [R]."""
+    def base_eval_set(self) -> tuple[Tensor, Tensor]:
+        """One render of each of the 48 base prompts "a {colour} {shape}" (base preservation, tau = 500; the
+        "data" stream). Folder world: every concept's held-out images under its class-only prompt
+        "a {class word}" [R]."""
         if self.data_root is not None:
             self.setup()
             prompts = [self.class_prompt(t) for t in range(self.num_concepts) for _ in self._heldout[t]]
             return torch.cat(self._heldout), self._tokenize(prompts)
-        gen = torch.Generator().manual_seed(gen_seed)
+        gen = torch.Generator().manual_seed(self.data_seed * 7919 + 90_000)
         pairs = [(s, c) for s in range(len(SHAPES)) for c in range(len(COLOURS))]
         shape = torch.tensor([s for s, _ in pairs])
         colour = torch.tensor([c for _, c in pairs])
@@ -405,7 +416,7 @@ class ContinualConceptDataModule(L.LightningDataModule):
     def heldout(self, t: int, noise_shape: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Concept t's held-out grid: images (N, 3, H, W), timesteps (N,), noise (N, *noise_shape) (default the
         image's shape; the latent shape for a latent model), with N = held-out images × len(eval_timesteps)
-        and the noise fixed by (data_seed, t)."""
+        and the noise fixed by (the "data" stream, t)."""
         self.setup()
         x = self._heldout[t]
         taus = torch.tensor(self.eval_timesteps)
@@ -424,7 +435,7 @@ class ContinualConceptDataModule(L.LightningDataModule):
                 )
                 for i in range(self.num_calibration_prompts)
             ]
-        gen = torch.Generator().manual_seed(777)
+        gen = torch.Generator().manual_seed(derive_seed("prompts"))
         names = list(COLOURS)
         out = []
         for i in range(self.num_calibration_prompts):
@@ -440,12 +451,11 @@ class ContinualConceptDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """``steps_per_task`` batches of the current task's images with their prompts (sampled with
-        replacement, order seeded by (PL_GLOBAL_SEED, task))."""
+        replacement, order from the run's "data.order" stream and the task)."""
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         t = self.task_of_epoch(epoch)
         x = self.task_images(t)
-        seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) * 1000 + t
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator().manual_seed(derive_seed("data.order") * 1000 + t)
         idx = torch.randint(0, len(x), (self.steps_per_task * self.batch_size,), generator=gen)
         if self.data_root is not None:
             ids = self._tokenize(self.task_prompts(t))[idx]

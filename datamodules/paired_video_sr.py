@@ -7,9 +7,10 @@ clip not in ``exclude_clips``; REDS4 = 000, 011, 015, 020 is the usual test set)
 consecutive frames and a random ``crop``; the LQ copy is made on the fly by ``synthetic_vsr.degrade`` (blur,
 area down ×``scale``, noise, 8-bit; the quick scale's degradation, seeded per sample). Validation reads
 ``val_root`` (default: the excluded clips of ``root``; the first ``val_max_clips`` of them when set), the first
-``frames`` frames, centre-cropped, with a fixed degradation seed.
+``frames`` frames, centre-cropped, each clip's degradation seeded per clip. Both draw from the run's "data" stream
+(``core.seeding.derive_seed``), the training samples and the validation clips from disjoint generators.
 
-Contract (``lit_modules/diffusion/contract.VideoSRData``, as ``synthetic_vsr``): batches ``(HQ, LQ)``, HQ
+Contract (``lit_modules/diffusion/contract.VideoSRData``, as ``synthetic_vsr``; ``frame_size`` is ``crop``): batches ``(HQ, LQ)``, HQ
 ``(B, 3, frames, crop_h, crop_w)`` and LQ ``(B, 3, frames, crop_h/scale, crop_w/scale)``, both in [-1, 1] (the loop
 maps frames to [0, 1] for its metrics). Frames are cropped as they are read. A clip with fewer than ``frames``
 frames is skipped; a clip whose frames are smaller than ``crop`` stops the run at once, naming it.
@@ -17,7 +18,6 @@ frames is skipped; a clip whose frames are smaller than ``crop`` stops the run a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import lightning as L
@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from litlab.datamodules.synthetic_vsr import degrade
 from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.core.seeding import derive_seed
 
 REDS_LAYOUT = (
     "<root>/<clip>/<frame:08d>.png, one folder of consecutive frames per clip (REDS train_sharp / val_sharp: "
@@ -149,7 +150,6 @@ class PairedVideoSRDataModule(L.LightningDataModule):
         blur_sigma: tuple[float, float] = (0.8, 1.6),
         noise_std: float = 0.02,
         num_workers: int = 4,
-        data_seed: int = 0,
         val_max_clips: int | None = None,
     ):
         super().__init__()
@@ -168,9 +168,9 @@ class PairedVideoSRDataModule(L.LightningDataModule):
         check_crop(self.train_clips, tuple(crop), frames)
         check_crop(self.val_clips, tuple(crop), frames)
         self.frames, self.crop, self.scale = frames, tuple(crop), scale
-        self.hq_size = min(self.crop)
+        self.frame_size = self.crop
         self.batch_size, self.steps, self.num_workers = batch_size, steps, num_workers
-        self.blur_sigma, self.noise_std, self.data_seed = tuple(blur_sigma), noise_std, data_seed
+        self.blur_sigma, self.noise_std = tuple(blur_sigma), noise_std
 
     def data_key(self) -> dict:
         return {"world": "reds-folder", "clips": sorted(self.train_clips), "frames": self.frames}
@@ -181,7 +181,7 @@ class PairedVideoSRDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        seed = int(os.environ.get("PL_GLOBAL_SEED", 0)) * 1000 + self.data_seed
+        seed = 2 * derive_seed("data")  # even: training samples; odd (val_dataloader): validation clips
         ds = _Clips(
             self.train_clips,
             self.frames,
@@ -203,7 +203,7 @@ class PairedVideoSRDataModule(L.LightningDataModule):
             self.scale,
             0,
             False,
-            12345,
+            2 * derive_seed("data") + 1,
             self.blur_sigma,
             self.noise_std,
         )

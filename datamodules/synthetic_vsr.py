@@ -11,24 +11,26 @@ Super-Resolution", ICML 2026, arXiv 2606.09250; the CPU protocol is the reconstr
 
 Degradation per clip (``degrade``): Gaussian blur (sigma drawn from ``blur_sigma``, 7 taps, separable) → area
 downsample ×``scale`` → Gaussian noise (std drawn from [0, ``noise_std``]) → 8-bit quantisation. Everything is
-batched tensor arithmetic (no per-pixel loops), seeded by ``data_seed``; the three splits come from disjoint
-generators: ``pretrain_clips`` unpaired HQ clips (the backbone's pre-training pool, sampled with replacement),
+batched tensor arithmetic (no per-pixel loops), seeded by the run's "data" stream (``core.seeding.derive_seed``);
+the three splits come from disjoint generators: ``pretrain_clips`` unpaired HQ clips (the backbone's pre-training pool, sampled with replacement),
 ``train_clips`` pairs (the small paired set the adapter trains on) and ``test_clips`` pairs (the val loader).
 
-The train loader serves ``steps`` batches of ``batch_size`` pairs drawn with replacement (order seeded by
-``PL_GLOBAL_SEED``), so one epoch is the fit's whole training budget and validation runs once, at its end.
+The train loader serves ``steps`` batches of ``batch_size`` pairs drawn with replacement (order from the run's
+"data.order" stream), so one epoch is the fit's whole training budget and validation runs once, at its end.
+``frame_size`` is (``hq_size``, ``hq_size``), the HQ frame the contract names.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from litlab.lit_modules.core.seeding import derive_seed
 
 WORLD = "vsr-moving-textures-v1"
 
@@ -130,7 +132,6 @@ class SyntheticVSRDataModule(L.LightningDataModule):
         blur_sigma: tuple[float, float] = (0.8, 1.6),
         noise_std: float = 0.02,
         max_speed: float = 2.0,
-        data_seed: int = 0,
     ):
         super().__init__()
         if hq_size % scale:
@@ -147,12 +148,21 @@ class SyntheticVSRDataModule(L.LightningDataModule):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.frames, self.hq_size, self.scale = frames, hq_size, scale
+        self.frame_size = (hq_size, hq_size)
         self.pretrain_clips, self.train_clips, self.test_clips = pretrain_clips, train_clips, test_clips
         self.batch_size, self.steps, self.eval_batch = batch_size, steps, eval_batch
         self.blur_sigma, self.noise_std, self.max_speed = tuple(blur_sigma), noise_std, max_speed
-        self.data_seed = data_seed
+        self._data_seed: int | None = None  # the run's "data" stream, drawn at first use
         self._pool: Tensor | None = None
         self._pairs: dict[str, tuple[Tensor, Tensor]] = {}
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of every clip and degradation: the run's "data" stream, drawn once, so the clips stay the
+        ones the DataModule first served."""
+        if self._data_seed is None:
+            self._data_seed = derive_seed("data")
+        return self._data_seed
 
     def _gen(self, split: int) -> torch.Generator:
         return torch.Generator().manual_seed(self.data_seed * 1_000_003 + split)
@@ -189,7 +199,7 @@ class SyntheticVSRDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hq, lq = self.pairs("train")
-        gen = torch.Generator().manual_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)) * 1000 + 7)
+        gen = torch.Generator().manual_seed(derive_seed("data.order"))
         idx = torch.randint(0, len(hq), (self.steps * self.batch_size,), generator=gen)
         return DataLoader(_Indexed(hq, lq, idx), batch_size=self.batch_size, shuffle=False)
 

@@ -223,6 +223,7 @@ def short_fit(tmp_path_factory):
     import lightning as L
 
     from litlab.datamodules.synthetic_vsr import SyntheticVSRDataModule
+    from litlab.lit_modules.core.seeding import derive_seed
     from litlab.lit_modules.diffusion.dit import pretrained_tiny_dit
 
     tmp = tmp_path_factory.mktemp("litevsr_fit")
@@ -258,7 +259,7 @@ def short_fit(tmp_path_factory):
         callbacks=[Watch(), FrozenParamGuard(["backbone"]), TrainableFractionLogger("backbone.transformer")],
     )
     trainer.fit(model, datamodule=dm)
-    fresh = pretrained_tiny_dit(SMALL, dm, 0)  # the cached backbone, as before training
+    fresh = pretrained_tiny_dit(SMALL, dm, derive_seed("backbone"))  # the cached backbone, as before training
     yield model, trainer, fresh, losses
     mp.undo()
 
@@ -325,11 +326,11 @@ def test_report_hook_tables_metrics_and_draws_the_frame_grid(short_fit, tmp_path
     }
     result = CardResult("litevsr", "t", "c", "quick", [0], "val/psnr_k1", "max", runs, "today", 1.0)
     extras = report(result, tmp_path)
-    assert f"| LiteVSR | {metrics['val/psnr_k1']:.4g} ± 0 |" in extras.markdown
+    assert f"| litevsr | {metrics['val/psnr_k1']:.4g} ± 0 |" in extras.markdown  # runs by their card names
     (figure,) = extras.figures
     assert figure == tmp_path / "litevsr_frames.png"
     width, height = Image.open(figure).size
-    assert height > width  # rows LQ, bicubic, LiteVSR, HQ over 2 frame columns
+    assert height > width  # rows LQ, bicubic, litevsr, HQ over 2 frame columns
 
 
 def test_loss_decreases(short_fit):
@@ -494,9 +495,11 @@ def test_shared_attention_triton_path_interpreted():
     assert (out - attention_reference(q, k, v)).abs().max() <= 2e-3
 
 
-def test_data_module_pairs_are_seeded_and_degraded():
+def test_data_module_pairs_are_seeded_and_degraded(monkeypatch):
     from litlab.datamodules.synthetic_vsr import SyntheticVSRDataModule
+    from litlab.lit_modules.core.seeding import derive_seed
 
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
     dm = SyntheticVSRDataModule(frames=3, hq_size=16, pretrain_clips=4, train_clips=4, test_clips=2)
     hq, lq = dm.pairs("train")
     assert hq.shape == (4, 3, 3, 16, 16) and lq.shape == (4, 3, 3, 4, 4)
@@ -504,10 +507,15 @@ def test_data_module_pairs_are_seeded_and_degraded():
     assert torch.allclose(((lq + 1) / 2 * 255), ((lq + 1) / 2 * 255).round(), atol=1e-3)  # 8-bit
     again = SyntheticVSRDataModule(frames=3, hq_size=16, pretrain_clips=4, train_clips=4, test_clips=2)
     assert torch.equal(again.pairs("train")[0], hq)
-    other = SyntheticVSRDataModule(
-        frames=3, hq_size=16, pretrain_clips=4, train_clips=4, test_clips=2, data_seed=1
-    )
+    assert dm.data_seed == derive_seed("data") and dm.data_key()["data_seed"] == dm.data_seed  # the cache key
+    order = next(iter(dm.train_dataloader()))[0]
+    monkeypatch.setenv("PL_GLOBAL_SEED", "1")  # another run seed: other clips and another batch order
+    other = SyntheticVSRDataModule(frames=3, hq_size=16, pretrain_clips=4, train_clips=4, test_clips=2)
     assert not torch.equal(other.pairs("train")[0], hq)
+    # dm keeps the clips it drew, but its batch order is the run's "data.order" stream
+    assert torch.equal(dm.pairs("train")[0], hq) and not torch.equal(
+        next(iter(dm.train_dataloader()))[0], order
+    )
     assert not torch.equal(dm.pairs("test")[0][:2], hq[:2])  # disjoint generators per split
     assert (hq[:, :, 1] != hq[:, :, 0]).any()  # things move
     with pytest.raises(ValueError, match="hq_size=18"):

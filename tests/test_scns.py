@@ -284,15 +284,17 @@ def test_concept_folder_missing_fails_at_once(tmp_path):
 
 
 # ---- §7.6 sparsity / freezing and §7.7 fusion-free, on a tiny two-concept stream ----------------------
-def test_toy_stream_sparsity_freezing_fusion_free(monkeypatch, tmp_path):
+def test_toy_stream_sparsity_freezing_fusion_free(monkeypatch, tmp_path, quiet_trainer):
     import lightning as L
 
     from litlab.callbacks.frozen_guard import FrozenParamGuard
     from litlab.datamodules.continual_concepts import ContinualConceptDataModule, token_id
+    from litlab.lit_modules.core.seeding import derive_seed, seed_ledger
     from litlab.lit_modules.diffusion.ddpm import TinyT2IConfig, pretrained_tiny_t2i
     from litlab.lit_modules.diffusion.scns import SCNS, SelectionConfig
 
     monkeypatch.setenv("LITLAB_CACHE", str(tmp_path / "cache"))
+    L.seed_everything(0)
     base_cfg = TinyT2IConfig(pretrain_steps=3, pretrain_batch=4)
     dm = ContinualConceptDataModule(num_concepts=2, steps_per_task=3, batch_size=4, heldout_per_concept=2)
     model = SCNS(base=base_cfg, select=SelectionConfig(num_probes=4, fisher_samples=4), lr_rows=0.05)
@@ -304,20 +306,13 @@ def test_toy_stream_sparsity_freezing_fusion_free(monkeypatch, tmp_path):
                 decays.extend(g["weight_decay"] for g in module._opt.param_groups)
 
     guard = FrozenParamGuard(["model"], exclude=[r"attn2\.to_[kv]\.", "token_embedding"])  # as quick.yaml
-    trainer = L.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        reload_dataloaders_every_n_epochs=1,
-        callbacks=[WatchOptimizer(), guard],
+    trainer = quiet_trainer(
+        max_epochs=2, reload_dataloaders_every_n_epochs=1, callbacks=[WatchOptimizer(), guard]
     )
     trainer.fit(model, datamodule=dm)  # the guard raises if a tensor outside K/V and the token rows changed
     assert len(guard.before["model"]) > 250 and guard.changed(model) == {"model": []}
     assert decays and all(d == 0.0 for d in decays)
-    base = pretrained_tiny_t2i(base_cfg, dm, 0)  # the cached base, as before task 1
+    base = pretrained_tiny_t2i(base_cfg, dm, derive_seed("backbone"))  # the cached base, as before task 1
     before, after = base.state_dict(), model.model.state_dict()
     # fusion-free: same keys and shapes as the base, every projection a plain nn.Linear again
     assert list(before) == list(after)
@@ -344,10 +339,67 @@ def test_toy_stream_sparsity_freezing_fusion_free(monkeypatch, tmp_path):
     # what is kept per concept: indices, one Fisher float per neuron, token rows
     assert model.omega.shape == (model.gs.size,)
     assert trainer.callback_metrics["val/changed_frac"] > 0
+    # every random part drew its stream from the run seed, by name (the run's seed ledger)
+    streams = {"backbone", "data", "data.order", "prompts", "probes", "fisher", "eval"}
+    assert streams <= set(seed_ledger()["components"])
 
 
-# ---- the card's report: sample grids per concept and the lambda frontier ---------------------------
-def _tiny_stream(tmp_path: Path, name: str, samples: int, **model_kw):
+# ---- one run seed: the data's streams, by name -------------------------------------------------------
+def test_data_streams_follow_the_run_seed(monkeypatch):
+    """The renders, held-out noise, base-preservation set, calibration prompts and batch order are the run
+    seed's (the same for the same seed, other for another seed), each from its named stream."""
+    from litlab.datamodules.continual_concepts import ContinualConceptDataModule
+    from litlab.lit_modules.core.seeding import reset_ledger, seed_ledger
+
+    def world(seed: int):
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(seed))
+        reset_ledger(seed)
+        dm = ContinualConceptDataModule(
+            num_concepts=2, images_per_concept=2, heldout_per_concept=2, batch_size=2
+        )
+        tensors = [
+            dm.task_images(0),
+            dm.heldout(1)[2],
+            dm.base_eval_set()[0],
+            next(iter(dm.train_dataloader()))[0],
+        ]
+        return tensors, dm.calibration_prompts(), seed_ledger()
+
+    (a, prompts_a, ledger), (again, prompts_again, _), (b, prompts_b, _) = world(0), world(0), world(1)
+    assert all(torch.equal(x, y) for x, y in zip(a, again)) and prompts_a == prompts_again
+    assert not any(torch.equal(x, y) for x, y in zip(a, b)) and prompts_a != prompts_b
+    assert set(ledger["components"]) == {"data", "data.order", "prompts"} and ledger["run_seed"] == 0
+
+
+def test_contract_declares_every_datamodule_member_the_family_reads():
+    """Every ``dm.<member>`` that a file of the diffusion family reads is a member of its contract's Protocols
+    (no DataModule member read around the contract)."""
+    import ast
+
+    from litlab.lit_modules.diffusion.contract import ConceptStreamData, VideoSRData
+
+    declared = set()
+    for proto in (ConceptStreamData, VideoSRData):
+        declared |= set(proto.__annotations__) | {n for n in vars(proto) if not n.startswith("_")}
+    read = set()
+    for path in (ROOT / "lit_modules/diffusion").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "dm":
+                read.add((path.name, node.attr))
+    assert read and {attr for _, attr in read} >= {"data_root", "frame_size", "token_ids", "base_eval_set"}
+    assert not sorted(r for r in read if r[1] not in declared)
+
+
+def test_frontier_keeps_the_runs_nothing_beats_on_both_axes():
+    from litlab.lit_modules.diffusion.report import frontier
+
+    # run -> (plasticity, forgetting): higher PL and lower FG are better
+    points = {"a": (1.0, 0.5), "b": (2.0, 1.0), "c": (1.5, 1.2), "d": (2.0, 1.0), "e": (0.5, 0.5)}
+    assert frontier(points) == ["a", "b", "d"]  # c is beaten by b, e by a; equal points beat neither
+
+
+# ---- the card's report: sample grids per concept and the frontier ------------------------------------
+def _tiny_stream(quiet_trainer, tmp_path: Path, name: str, samples: int, **model_kw):
     """A two-concept stream on a 3-step base; returns (run folder, final metrics)."""
     import json
 
@@ -355,6 +407,7 @@ def _tiny_stream(tmp_path: Path, name: str, samples: int, **model_kw):
 
     from litlab.datamodules.continual_concepts import ContinualConceptDataModule
     from litlab.lit_modules.diffusion.ddpm import TinyT2IConfig
+    from litlab.lit_modules.diffusion.harness import SamplingConfig
     from litlab.lit_modules.diffusion.scns import SCNS, SelectionConfig
 
     L.seed_everything(0)
@@ -364,20 +417,11 @@ def _tiny_stream(tmp_path: Path, name: str, samples: int, **model_kw):
         base=TinyT2IConfig(pretrain_steps=3, pretrain_batch=4),
         select=SelectionConfig(num_probes=4, fisher_samples=4, lambda_risk=model_kw.pop("lam", 10.0)),
         lr_rows=0.05,
-        samples_per_concept=samples,
-        sample_steps=20,
+        sampling=SamplingConfig(per_concept=samples, steps=20),
         **model_kw,
     )
-    trainer = L.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        reload_dataloaders_every_n_epochs=1,
-        default_root_dir=str(run_dir),
-        deterministic=True,
+    trainer = quiet_trainer(
+        max_epochs=2, reload_dataloaders_every_n_epochs=1, default_root_dir=str(run_dir), deterministic=True
     )
     trainer.fit(model, datamodule=dm)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -386,7 +430,7 @@ def _tiny_stream(tmp_path: Path, name: str, samples: int, **model_kw):
     return run_dir, metrics
 
 
-def test_report_writes_sample_grid_and_frontier(monkeypatch, tmp_path):
+def test_report_writes_sample_grid_and_frontier(monkeypatch, tmp_path, quiet_trainer):
     from safetensors.torch import load_file
 
     from litlab.lit_modules.core.results import CardResult, RunResult, SeedRun
@@ -394,10 +438,10 @@ def test_report_writes_sample_grid_and_frontier(monkeypatch, tmp_path):
     from litlab.lit_modules.diffusion.scns import report
 
     monkeypatch.setenv("LITLAB_CACHE", str(tmp_path / "cache"))
-    scns_dir, with_samples = _tiny_stream(tmp_path, "scns10", samples=2)
-    _, without = _tiny_stream(tmp_path, "scns10_nosamples", samples=0)
-    kv_dir, _ = _tiny_stream(tmp_path, "all", samples=2, selection="all")
-    sweep_dir, _ = _tiny_stream(tmp_path, "scns1000", samples=0, lam=1000.0)
+    scns_dir, with_samples = _tiny_stream(quiet_trainer, tmp_path, "scns10", samples=2)
+    _, without = _tiny_stream(quiet_trainer, tmp_path, "scns10_nosamples", samples=0)
+    kv_dir, _ = _tiny_stream(quiet_trainer, tmp_path, "all", samples=2, selection="all")
+    sweep_dir, _ = _tiny_stream(quiet_trainer, tmp_path, "scns1000", samples=0, lam=1000.0)
     # the samples use their own generator: every number of the stream is the same without them
     assert with_samples == without
     assert not (tmp_path / "scns10_nosamples" / CONCEPT_SAMPLES_FILE).exists()
@@ -434,7 +478,9 @@ def test_report_writes_sample_grid_and_frontier(monkeypatch, tmp_path):
     assert [p.name for p in extras.figures] == ["scns_frontier.png", "scns_samples.png"]
     for p in extras.figures:
         assert p.exists() and p.stat().st_size > 1000
-    assert "| SCNS lambda 1000 |" in extras.markdown and "### Samples per concept" in extras.markdown
+    # every run of the result, by its card name; the sample grid shows the runs that saved samples
+    assert all(f"| {n} |" in extras.markdown for n in runs) and "### Samples per concept" in extras.markdown
+    assert "scns10, full_kv. Each sample" in extras.markdown
 
 
 def test_step_benchmark_times_the_quick_backbone():

@@ -7,6 +7,7 @@ here; the offline failure of the real config is ``test_scns.test_full_config_fai
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import string
 from pathlib import Path
@@ -113,7 +114,7 @@ def write_concepts(root: Path, captions: dict[str, list[str | None]], size: int 
     return root
 
 
-def test_concept_folder_datamodule(tmp_path):
+def test_concept_folder_datamodule(tmp_path, monkeypatch):
     from litlab.datamodules.continual_concepts import ContinualConceptDataModule
     from litlab.lit_modules.diffusion.contract import ConceptStreamData, check_data
 
@@ -122,6 +123,7 @@ def test_concept_folder_datamodule(tmp_path):
         {"dog": ["a dog on the grass", "a photo of a Dog", "grass"], "duck_toy": [None, None, None]},
     )
     kw = dict(data_root=str(root), concept_names=["dog", "duck_toy"], num_concepts=2, image_size=32)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
     dm = ContinualConceptDataModule(**kw, eval_timesteps=[100, 500])
     check_data(dm, ConceptStreamData, "test")
     dm.setup()
@@ -144,7 +146,8 @@ def test_concept_folder_datamodule(tmp_path):
     assert torch.equal(again.heldout(0, (4, 16, 16))[2], noise) and torch.equal(
         again.heldout(1)[0], dm.heldout(1)[0]
     )
-    other = ContinualConceptDataModule(**kw, data_seed=1)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "1")  # another run seed: another "data" stream
+    other = ContinualConceptDataModule(**kw)
     assert len(other.task_images(0)) == 2  # the seeded split (which image is held out) may differ
     assert len(dm.calibration_prompts()) == 64 and "a photo of a duck toy" in dm.calibration_prompts()
     with pytest.raises(ValueError, match="pretrained_path"):
@@ -215,9 +218,9 @@ def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
             root,
             epochs=2,
             extra=[
-                "--model.init_args.samples_per_concept=2",  # 1 held-out image: taken twice
-                "--model.init_args.sample_steps=3",
-                "--model.init_args.sample_guidance=7.5",
+                "--model.init_args.sampling.per_concept=2",  # 1 held-out image: taken twice
+                "--model.init_args.sampling.steps=3",
+                "--model.init_args.sampling.guidance=7.5",
                 "--model.init_args.eval_batch=2",  # held-out forwards and probe / Fisher backwards in chunks of 2
             ],
         )
@@ -288,7 +291,7 @@ def test_full_config_fits_a_tiny_sd_layout_checkpoint(tmp_path, monkeypatch):
     # classifier-free guidance against the empty prompt (7.5 here) changes the samples; w = 1 is the plain DDIM
     guided = model.sample_concepts(dm, [0], [dm.concept_prompt(0)])[0]
     torch.testing.assert_close(guided, samples["final_0"], atol=1e-5, rtol=0)
-    model.hparams.sample_guidance = 1.0
+    model.sampling = dataclasses.replace(model.sampling, guidance=1.0)
     assert not torch.allclose(model.sample_concepts(dm, [0], [dm.concept_prompt(0)])[0], guided, atol=1e-4)
     assert not torch.equal(samples["final_0"][0], samples["final_0"][1])
 
@@ -302,7 +305,7 @@ def test_full_config_resumes_with_the_grown_embedding(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     sd = write_tiny_sd(tmp_path / "tiny-sd")
     root = write_concepts(tmp_path / "cifc", {"dog": ["a dog", None, None], "duck_toy": [None] * 3})
-    extra = ["--model.init_args.samples_per_concept=0", "--experiment=resume"]
+    extra = ["--model.init_args.sampling.per_concept=0", "--experiment=resume"]
     first = LitlabCLI(args=full_config_args(tmp_path, sd, root, epochs=1, extra=extra))
     ckpt = first.run_dir / "checkpoints" / "last.ckpt"
     assert len(first.model.selections) == 1 and ckpt.exists()

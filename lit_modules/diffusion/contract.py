@@ -1,10 +1,11 @@
 """What the diffusion family reads from its DataModule, written down and checked once at setup.
 
 * ``ConceptStreamData``  a base world to pre-train a small text-to-image base on (``base_batch``,
-                         ``data_key``, ``vocab``, ``seq_len``, ``image_size``), a sequence of concepts with
+                         ``data_key``, ``vocab``, ``seq_len``, ``image_size``; ``data_root`` None) or a concept
+                         folder that needs a pretrained base (``data_root``), a sequence of concepts with
                          their training images, prompts, token rows and held-out grids, generic calibration
                          prompts, and the task of each epoch of the one fit that walks the sequence.
-* ``VideoSRData``        paired video super-resolution: clip geometry (``frames``, ``hq_size``, ``scale``), unpaired
+* ``VideoSRData``        paired video super-resolution: clip geometry (``frames``, ``frame_size``, ``scale``), unpaired
                          HQ clips to pre-train a small video DiT on (``pretrain_batch``, ``data_key``), and
                          (HQ, LQ) batches from its train / val loaders (HQ (B, 3, F, H, W), LQ (B, 3, F, H/s, W/s),
                          both in [-1, 1]).
@@ -42,6 +43,7 @@ class ConceptStreamData(Protocol):
     seq_len: int
     vocab: tuple[str, ...]
     eval_timesteps: list[int]
+    data_root: str | None  # a concept folder (no base world: the model needs a pretrained base), or None
 
     def data_key(self) -> dict:
         """Everything that shapes the base world (the cached base's key)."""
@@ -51,7 +53,9 @@ class ConceptStreamData(Protocol):
         """Base-world images and prompt ids (pre-training of the quick-scale base)."""
         ...
 
-    def base_eval_set(self, gen_seed: int = 12345) -> tuple[Tensor, Tensor]: ...
+    def base_eval_set(self) -> tuple[Tensor, Tensor]:
+        """Images and prompt ids of the base-preservation set (the loss at tau = 500 before and after the stream)."""
+        ...
 
     def task_of_epoch(self, epoch: int) -> int: ...
 
@@ -84,7 +88,7 @@ class ConceptStreamData(Protocol):
 @runtime_checkable
 class VideoSRData(Protocol):
     frames: int
-    hq_size: int
+    frame_size: tuple[int, int]  # (height, width) of an HQ frame
     scale: int
 
     def data_key(self) -> dict:

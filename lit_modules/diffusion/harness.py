@@ -1,38 +1,48 @@
-"""Continual personalisation of a text-to-image diffusion model by row-selective updates: the loop every
-neuron-selection method of the family shares (SCNS, "Submodular Concept Neuron Selection", ICML 2026, §3.2 of
-its reconstruction; the CNS predecessor, arXiv 2510.02296, follows the same loop with another selection).
+"""Continual personalisation of a text-to-image diffusion model by row-selective updates: the loop and the tools
+every neuron-selection method of the family shares (SCNS, "Submodular Concept Neuron Selection", ICML 2026, §3.2
+of its reconstruction; the CNS predecessor, arXiv 2510.02296, follows the same loop with another selection).
 
-``ContinualNeuronTuning`` walks the concept stream of a ``contract.ConceptStreamData`` inside one ``fit``:
-task t owns epoch t (``steps_per_task`` batches). At the start of a task's epoch it calls
+``ContinualNeuronTuning`` walks the concept stream of a ``contract.ConceptStreamData`` inside one ``fit``: task t
+owns epoch t (``steps_per_task`` batches). The method owns what happens per task, in three hooks:
 
-    begin_task(t):  init the token row <V_t> from its class word; ``select(t)`` (the method's rule) returns the
-                    flat neuron indices S_t; a ``RowDeltaBranch`` (zeros) is attached to each projection that
-                    has selected rows; a fresh AdamW (weight_decay 0) over the row deltas and the embedding,
-                    whose gradient is masked to the row of <V_t>;
+    begin_task(t, dm)       at the start of task t's epoch: the method's steps up to training (e.g. SCNS:
+                            token init, selection of S_t), ending with ``tune_rows(t, S_t, dm, info)``;
+    training_step           each batch of task t (e.g. SCNS: an AdamW step of ``denoising_loss``);
+    end_task(t, dm)         after task t's last batch, before that epoch's checkpoint: ``merge_rows(t, dm)``,
+                            the method's steps after the merge (SCNS: the Fisher of task t), ``evaluate_task``.
 
-each step is the masked DDPM ε-loss (``ddpm.ddpm_losses``) on the task's images and prompt, and after its last
-batch (before that epoch's checkpoint)
+The tools the hooks call:
 
-    end_task(t):    W[S_t] += Δ and the plain ``nn.Linear`` is put back (fusion-free); the freezing guard checks
-                    that only rows S_t and the token row changed; ``after_merge(t)`` (the method's, e.g. the
-                    Fisher of SCNS); the held-out denoising loss ℓ_t(t) of the new concept (of every seen concept k ≤ t with
-                    ``full_matrix``; always after the last task).
+    init_concept_token(t)   the token row <V_t> ← its class word's row;
+    tune_rows(t, S_t)       a ``RowDeltaBranch`` (zeros) on each projection that has selected rows, the token row
+                            unfrozen with its gradient masked to <V_t>, a fresh AdamW (weight_decay 0) over both,
+                            handed to the Trainer; logs |S_t| and its parameter fraction;
+    denoising_loss          the masked DDPM ε-loss (``ddpm.ddpm_losses``) of a batch of the task's images;
+    merge_rows(t)           W[S_t] += Δ and the plain ``nn.Linear`` put back (fusion-free); the token row frozen
+                            again; the freezing guard checks that only rows S_t and the token row changed;
+    evaluate_task(t)        the held-out denoising loss ℓ_t(t) of the new concept (of every seen concept k ≤ t
+                            with ``full_matrix``; always after the last task), the samples, the task's numbers and,
+                            after the last task, the stream's metrics.
 
 Metrics (``self.log``; the loss proxy of the quick scale replaces CLIP image alignment, spec §6):
 ``val/forgetting`` FG = mean_{k<T}(ℓ_k(T) − ℓ_k(k)), ``val/plasticity`` PL = mean_k(ℓ_k(base, class-only
-prompt) − ℓ_k(k)), ``val/final_loss`` mean_k ℓ_k(T), ``val/base_drift`` (loss on the 48 base prompts at τ = 500
-after the stream minus before), ``val/changed_frac`` mean_t |S_t|·c / |θ_UNet|, ``val/neurons`` mean |S_t|,
-``val/risk_sum`` mean over t ≥ 2 of Σ_{n∈S_t} r(n) (0 unless the method keeps a risk).
+prompt) − ℓ_k(k)), ``val/final_loss`` mean_k ℓ_k(T), ``val/base_drift`` (loss on the DataModule's base-preservation
+set at τ = 500 after the stream minus before), ``val/changed_frac`` mean_t |S_t|·c / |θ_UNet|, ``val/neurons``
+mean |S_t|; a method adds its own (SCNS: ``val/risk_sum``).
 
-Samples (``samples_per_concept`` > 0; for the report's grids, no metric reads them): SDEdit-style DDIM samples
-(η = 0, ``sample_steps`` on the full grid, started at ``sample_t_start``; ``ddpm.ddim_sample``) of concept k's first
-held-out renders, noised with one fixed noise per k — from the base under the class-only prompt (before task 1),
-after task k and after the last task under "a <V_k> {class}" — and those renders themselves, written to
-``concept_samples.safetensors`` in the run folder after the last task. ``sample_t_start = 0`` samples from pure
+Samples (``sampling.per_concept`` > 0; for the report's grids, no metric reads them): SDEdit-style DDIM samples
+(η = 0, ``sampling.steps`` on the full grid, started at ``sampling.t_start``; ``ddpm.ddim_sample``) of concept k's
+first held-out renders, noised with one fixed noise per k — from the base under the class-only prompt (before task
+1), after task k and after the last task under "a <V_k> {class}" — and those renders themselves, written to
+``concept_samples.safetensors`` in the run folder after the last task. ``sampling.t_start = 0`` samples from pure
 noise instead (the 150-step quick base cannot: its one-step x̂0 is noise from τ ≈ 500 up, measured on seed 0).
-They use their own generator, so the stream's numbers are the same with and without them. ``sample_guidance``
-w != 1 samples with classifier-free guidance against the empty prompt (full scale: SD1.5 was trained with it; the
-quick-scale base was not, so its default is 1: no guidance).
+They use their own generator (the run's "samples" stream), so the stream's numbers are the same with and without
+them. ``sampling.guidance`` w != 1 samples with classifier-free guidance against the empty prompt (full scale:
+SD1.5 was trained with it; the quick-scale base was not, so its default is 1: no guidance).
+
+Randomness, by name from the run's seed (``core.seeding.derive_seed``): "backbone" (the quick-scale base's
+pre-training), "eval" (the noise of the base-preservation loss), "samples" (the sample grids); the DataModule
+draws the data, the Trainer's seed the training noise.
 
 Two bases, one loop: without ``pretrained_path`` the quick-scale ``ddpm.TinyT2I`` (pixel space, fixed word-level
 vocabulary, pre-trained here on the DataModule's base world); with it, ``ddpm.LatentT2I`` loaded from a
@@ -53,6 +63,8 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from litlab.lit_modules.core.config import as_config, config_part
+from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.diffusion.contract import ConceptStreamData, check_data
 from litlab.lit_modules.diffusion.ddpm import (
     LatentT2I,
@@ -71,13 +83,31 @@ from litlab.lit_modules.diffusion.neurons import (
 from litlab.lit_modules.diffusion.report import CONCEPT_SAMPLES_FILE as SAMPLES_FILE
 
 
+@config_part
+class SamplingConfig:
+    """The report's sample grids (see the module docstring): ``per_concept`` samples per concept (0: none), DDIM
+    with ``steps`` on the full grid from ``t_start`` (0: from pure noise), classifier-free ``guidance`` (1: none)."""
+
+    per_concept: int = 0
+    steps: int = 50
+    t_start: int = 300
+    guidance: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.per_concept < 0 or self.steps < 1 or self.t_start < 0:
+            raise ValueError(
+                f"sampling.per_concept and sampling.t_start must be >= 0 and sampling.steps >= 1, got "
+                f"{self.per_concept}, {self.t_start}, {self.steps}"
+            )
+
+
 class ContinualNeuronTuning(L.LightningModule):
-    """The task loop (see the module docstring); ``select(t, dm)`` is the method's rule."""
+    """The task loop and its tools (see the module docstring); a method implements ``begin_task``,
+    ``training_step`` and ``end_task``."""
 
     def __init__(
         self,
         base: TinyT2IConfig = TinyT2IConfig(),  # noqa: B008
-        base_seed: int = 0,
         pretrained_path: str | None = None,
         ground_set: str = "kv",
         lr_rows: float = 1e-3,
@@ -85,24 +115,18 @@ class ContinualNeuronTuning(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.999),
         eval_batch: int = 128,
         full_matrix: bool = False,
-        samples_per_concept: int = 0,
-        sample_steps: int = 50,
-        sample_t_start: int = 300,
-        sample_guidance: float = 1.0,
+        sampling: SamplingConfig = SamplingConfig(),  # noqa: B008
     ):
         super().__init__()
-        if samples_per_concept < 0 or sample_steps < 1 or sample_t_start < 0:
-            raise ValueError(
-                f"samples_per_concept and sample_t_start must be >= 0 and sample_steps >= 1, got "
-                f"{samples_per_concept}, {sample_t_start}, {sample_steps}"
-            )
         self.save_hyperparameters()
-        self.base_cfg = base if isinstance(base, TinyT2IConfig) else TinyT2IConfig(**base)
+        self.base_cfg = as_config(TinyT2IConfig, base, "base")
+        self.sampling = as_config(SamplingConfig, sampling, "sampling")
         self.automatic_optimization = False
         self.model: Any = None
         self.gs: GroundSet | None = None
         self.loss_matrix: dict[int, dict[int, float]] = {}  # ℓ_k(t): [k][t]
         self.base_class_loss: dict[int, float] = {}
+        self.base_loss_before: float | None = None
         self.task_log: list[dict[str, float]] = []
         self.samples: dict[str, Tensor] = {}  # base_k / after_k / final_k / ref_k (see the module docstring)
         self.selections: list[
@@ -126,12 +150,12 @@ class ContinualNeuronTuning(L.LightningModule):
         dm = self.trainer.datamodule
         check_data(dm, ConceptStreamData, type(self).__qualname__)
         if self.model is None:
-            if getattr(dm, "data_root", None) is not None:
+            if dm.data_root is not None:
                 raise ValueError(
                     f"the concept folder {dm.data_root} needs a pretrained text-to-image base: set "
                     "model.init_args.pretrained_path (the tiny base is pre-trained on the procedural world only)"
                 )
-            self.model = pretrained_tiny_t2i(self.base_cfg, dm, self.hparams.base_seed)
+            self.model = pretrained_tiny_t2i(self.base_cfg, dm, derive_seed("backbone"))
         else:  # the latent base: its tokenizer learns the concept tokens and tokenises the DataModule's prompts
             self.model.add_concept_tokens(dm.concept_tokens())
             dm.use_tokenizer(self.model.tokenize, self.model.token_id)
@@ -141,7 +165,7 @@ class ContinualNeuronTuning(L.LightningModule):
         self.unet_params = sum(p.numel() for p in self.model.unet.parameters())
 
     def configure_optimizers(self):
-        return None  # one AdamW per task, built in begin_task (manual optimisation)
+        return None  # one AdamW per task, built in tune_rows (manual optimisation)
 
     def tokenize(self, prompts: list[str]) -> Tensor:
         return self.model.tokenize(prompts)
@@ -171,39 +195,40 @@ class ContinualNeuronTuning(L.LightningModule):
     def base_loss(self, dm) -> float:
         x, ids = dm.base_eval_set()
         x0 = self.to_x0(x)
-        gen = torch.Generator().manual_seed(4242)
+        gen = torch.Generator().manual_seed(derive_seed("eval"))
         noise = torch.randn(x0.shape, generator=gen)
         t = torch.full((len(x),), 500, dtype=torch.long)
         return float(ddpm_losses(self.model.unet, self.scheduler, x0, self.encode(ids), t, noise).mean())
 
     def sample_inputs(self, dm, k: int) -> Tensor:
-        """Concept k's first ``samples_per_concept`` held-out images (distinct images of its held-out grid; taken
+        """Concept k's first ``sampling.per_concept`` held-out images (distinct images of its held-out grid; taken
         again in turn when a concept folder holds out fewer, each then with its own noise)."""
         x, ts, _ = dm.heldout(k)
         x = x[ts == ts[0]]
-        return x[torch.arange(self.hparams.samples_per_concept) % len(x)]
+        return x[torch.arange(self.sampling.per_concept) % len(x)]
 
     @torch.no_grad()
     def sample_concepts(self, dm, concepts: list[int], prompts: list[str]) -> list[Tensor]:
-        """``samples_per_concept`` samples per concept in ``concepts`` (one batch), each concept from its own
+        """``sampling.per_concept`` samples per concept in ``concepts`` (one batch), each concept from its own
         fixed noise and held-out renders (the same in every column of the grid and in every method)."""
-        n, t0 = self.hparams.samples_per_concept, self.hparams.sample_t_start
+        n, t0 = self.sampling.per_concept, self.sampling.t_start
         init = self.to_x0(torch.cat([self.sample_inputs(dm, k) for k in concepts]))
+        noise_seed = derive_seed("samples")
         noise = torch.cat(
             [
-                torch.randn(n, *init.shape[1:], generator=torch.Generator().manual_seed(31_337 + k))
+                torch.randn(n, *init.shape[1:], generator=torch.Generator().manual_seed(noise_seed + k))
                 for k in concepts
             ]
         )
         ids = self.tokenize(prompts).repeat_interleave(n, dim=0)
-        guidance = self.hparams.sample_guidance
+        guidance = self.sampling.guidance
         uncond = self.encode(self.tokenize([""] * len(ids))) if guidance != 1.0 else None
         x = ddim_sample(
             self.model.unet,
             self.scheduler,
             self.encode(ids),
             noise.to(init.device, init.dtype),
-            self.hparams.sample_steps,
+            self.sampling.steps,
             init=init if t0 else None,
             t_start=t0 or None,
             clamp=False,
@@ -223,17 +248,14 @@ class ContinualNeuronTuning(L.LightningModule):
         root.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in self.samples.items()}, str(root / SAMPLES_FILE))
 
-    # ---- the method's hooks -----------------------------------------------------------------------
-    def select(self, t: int, dm) -> tuple[Tensor, dict[str, float]]:
-        """Flat neuron indices S_t and numbers to log about the selection."""
+    # ---- the method's hooks (see the module docstring) ----------------------------------------------
+    def begin_task(self, t: int, dm) -> None:
+        """Everything of task t before its first batch; ends with ``tune_rows``."""
         raise NotImplementedError
 
-    def risk(self) -> Tensor:
-        """r(n) of every neuron for the concepts learnt so far (0: no risk kept)."""
-        return torch.zeros(self.gs.size, dtype=torch.float64)
-
-    def after_merge(self, t: int, dm) -> None:
-        """Called once task t is merged (SCNS: the Fisher of task t)."""
+    def end_task(self, t: int, dm) -> None:
+        """Everything of task t after its last batch: ``merge_rows`` first, ``evaluate_task`` last."""
+        raise NotImplementedError
 
     # ---- the loop ---------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -243,28 +265,47 @@ class ContinualNeuronTuning(L.LightningModule):
                 k: self.heldout_loss(dm, k, dm.class_prompt(k)) for k in range(dm.num_concepts)
             }
             self.base_loss_before = self.base_loss(dm)
-            if self.hparams.samples_per_concept:
+            if self.sampling.per_concept:
                 ks = list(range(dm.num_concepts))
                 base = self.sample_concepts(dm, ks, [dm.class_prompt(k) for k in ks])
                 for k in ks:
                     self.samples[f"base_{k}"] = base[k]
                     self.samples[f"ref_{k}"] = self.sample_inputs(dm, k).clone()
 
-    def begin_task(self, t: int, dm) -> None:
+    def on_train_epoch_start(self) -> None:
+        dm = self.trainer.datamodule
+        self.begin_task(dm.task_of_epoch(self.current_epoch), dm)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        dm = self.trainer.datamodule
+        if batch_idx == self.trainer.num_training_batches - 1:
+            self.end_task(dm.task_of_epoch(self.current_epoch), dm)
+
+    # ---- the tools of a task ------------------------------------------------------------------------
+    def init_concept_token(self, t: int, dm) -> None:
+        """<V_t>'s embedding row ← its class word's row."""
         emb = self.model.text_encoder.get_input_embeddings().weight
         new_row, class_row = dm.token_ids(t)
         with torch.no_grad():
             emb[new_row] = emb[class_row]
-        selected, info = self.select(t, dm)
+
+    def tune_rows(self, t: int, selected: Tensor, dm, info: dict[str, float]) -> None:
+        """Make rows ``selected`` (flat neuron indices S_t) and <V_t>'s token row the only trainable weights of task
+        t, under one AdamW (weight decay 0) the Trainer steps; ``info`` (numbers about the selection) is logged at
+        the task's end with |S_t| and its parameter fraction."""
         selected = torch.as_tensor(selected, dtype=torch.long)
-        risk = self.risk()
-        info = {**info, "neurons": float(len(selected)), "risk_sum": float(risk[selected].sum())}
-        info["changed_frac"] = float(self.gs.costs[selected].sum()) / self.unet_params
+        info = {
+            **info,
+            "neurons": float(len(selected)),
+            "changed_frac": float(self.gs.costs[selected].sum()) / self.unet_params,
+        }
         self._selected = selected
         self.selections.append(selected.tolist())
         self._before = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self._adapted = attach_row_deltas(self.model.unet, self.gs.split(selected))
         deltas = [layer.branches["rows"].delta for layer in self._adapted.values()]
+        emb = self.model.text_encoder.get_input_embeddings().weight
+        new_row = dm.token_ids(t)[0]
         emb.requires_grad_(True)
         mask = torch.zeros(emb.shape[0], 1, dtype=emb.dtype, device=emb.device)
         mask[new_row] = 1.0
@@ -278,29 +319,16 @@ class ContinualNeuronTuning(L.LightningModule):
             self.trainer.strategy.optimizers = [self._opt]
         self.task_log.append(info)
 
-    def training_step(self, batch, batch_idx: int) -> Tensor:
-        images, ids = batch
+    def denoising_loss(self, images: Tensor, ids: Tensor) -> Tensor:
+        """The ε-loss of a batch of the task's images under their prompt ids, at uniform random timesteps."""
         x0 = self.to_x0(images)
         steps = torch.randint(0, self.num_train_timesteps, (len(x0),))
         noise = torch.randn_like(x0)
-        loss = ddpm_losses(self.model.unet, self.scheduler, x0, self.encode(ids), steps, noise).mean()
-        opt = self.optimizers()
-        opt.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        opt.step()
-        self.log("train/loss", loss, prog_bar=True)
-        return loss.detach()
+        return ddpm_losses(self.model.unet, self.scheduler, x0, self.encode(ids), steps, noise).mean()
 
-    def on_train_epoch_start(self) -> None:
-        dm = self.trainer.datamodule
-        self.begin_task(dm.task_of_epoch(self.current_epoch), dm)
-
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        dm = self.trainer.datamodule
-        if batch_idx == self.trainer.num_training_batches - 1:
-            self.end_task(dm.task_of_epoch(self.current_epoch), dm)
-
-    def end_task(self, t: int, dm) -> None:
+    def merge_rows(self, t: int, dm) -> None:
+        """W[S_t] += Δ with the plain ``nn.Linear`` put back (fusion-free), the token row frozen again, and the
+        freezing check of task t."""
         merge_row_deltas(self.model.unet, self._adapted)
         self._adapted = {}
         self._token_hook.remove()
@@ -309,11 +337,14 @@ class ContinualNeuronTuning(L.LightningModule):
         emb.grad = None
         self._opt = None
         self.check_frozen(t, dm)
-        self.after_merge(t, dm)
+
+    def evaluate_task(self, t: int, dm) -> None:
+        """ℓ_k(t) of the new concept (every seen one with ``full_matrix`` or after the last task), its samples, the
+        task's logged numbers and, after the last task, the stream's metrics."""
         last = t == dm.num_concepts - 1
         for k in range(t + 1) if (self.hparams.full_matrix or last) else [t]:
             self.loss_matrix.setdefault(k, {})[t] = self.heldout_loss(dm, k, dm.concept_prompt(k))
-        if self.hparams.samples_per_concept:
+        if self.sampling.per_concept:
             self.samples[f"after_{t}"] = self.sample_concepts(dm, [t], [dm.concept_prompt(t)])[0]
             if last:
                 ks = list(range(t + 1))
@@ -369,7 +400,6 @@ class ContinualNeuronTuning(L.LightningModule):
             "val/changed_frac": sum(i["changed_frac"] for i in self.task_log) / T,
             "val/measured_changed_frac": sum(i["measured_changed_frac"] for i in self.task_log) / T,
             "val/neurons": sum(i["neurons"] for i in self.task_log) / T,
-            "val/risk_sum": sum(i["risk_sum"] for i in self.task_log[1:]) / max(T - 1, 1),
         }
         for key, value in out.items():
             self.log(key, value, on_step=False, on_epoch=True)
@@ -381,7 +411,7 @@ class ContinualNeuronTuning(L.LightningModule):
             "base_class_loss": self.base_class_loss,
             "task_log": self.task_log,
             "selections": self.selections,
-            "base_loss_before": getattr(self, "base_loss_before", None),
+            "base_loss_before": self.base_loss_before,
             "samples": self.samples,
         }
 

@@ -35,6 +35,7 @@ from typing import Literal
 
 from torch import Tensor
 
+from litlab.lit_modules.core.config import as_config
 from litlab.lit_modules.diffusion.dit import TinyDiTConfig
 from litlab.lit_modules.diffusion.hints import BlockHintInjector
 from litlab.lit_modules.diffusion.state_aware_adapter import AdapterConfig, StateAwareAdapter
@@ -77,7 +78,6 @@ class LiteVSR(FrozenDiTVSR):
         adapter: AdapterConfig = AdapterConfig(),  # noqa: B008
         n_copy: int = 3,
         backbone: TinyDiTConfig = TinyDiTConfig(),  # noqa: B008
-        base_seed: int = 0,
         pretrained_path: str | None = None,
         flow_shift: float = 3.0,
         self_cond_prob: float = 0.5,
@@ -86,7 +86,6 @@ class LiteVSR(FrozenDiTVSR):
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
         grad_clip: float = 1.0,
-        eval_seed: int = 0,
     ):
         if variant not in ("litevsr", "structural_only", "full_finetune", "controlnet_copy", "bicubic"):
             raise ValueError(
@@ -95,7 +94,6 @@ class LiteVSR(FrozenDiTVSR):
             )
         super().__init__(
             backbone=backbone,
-            base_seed=base_seed,
             pretrained_path=pretrained_path,
             flow_shift=flow_shift,
             self_cond_prob=self_cond_prob,
@@ -104,10 +102,9 @@ class LiteVSR(FrozenDiTVSR):
             betas=betas,
             weight_decay=weight_decay,
             grad_clip=grad_clip,
-            eval_seed=eval_seed,
         )
         self.save_hyperparameters()
-        cfg = adapter if isinstance(adapter, AdapterConfig) else AdapterConfig(**adapter)
+        cfg = as_config(AdapterConfig, adapter, "adapter")
         if variant == "structural_only":
             cfg = dataclasses.replace(cfg, structural_only=True)
         self.adapter_cfg = cfg
@@ -133,14 +130,8 @@ class LiteVSR(FrozenDiTVSR):
 
 
 def report(result, out_dir):
-    """The card's report: PSNR per method and step count, and the LQ / SR / HQ frame grid of one test clip."""
+    """The card's report: PSNR / SSIM / TDE of every run per step count, and the LQ / SR / HQ frame grid of one
+    test clip (every run's K = 1 output)."""
     from litlab.lit_modules.diffusion.report import vsr_report
 
-    runs = {
-        "bicubic": "bicubic",
-        "litevsr": "LiteVSR",
-        "full_ft": "full fine-tune",
-        "controlnet": "ControlNet copy",
-        "structural_only": "structural only",
-    }
-    return vsr_report(result, out_dir, "litevsr", runs)
+    return vsr_report(result, out_dir, "litevsr")

@@ -1,10 +1,14 @@
 """Report helpers of the diffusion family's cards (``CardResult`` in, ``ReportExtras`` out).
 
-``frontier_report`` (SCNS) reads every seed's ``summary.json`` of the named runs and draws the stability-plasticity
-plane (forgetting against plasticity, mean ± std over seeds), joining the runs of a ``sweep`` (e.g. SCNS at
-lambda 0, 10, 1000) by a line, with the same numbers as a markdown table. It derives no number a claim reads.
+Every helper reads the runs the reproduction holds (``CardResult.runs``, in the card's order, labelled by their
+card names), never a list of run names written here: which runs a card has is the card's to say, and so is which
+of them save samples (``sampling.per_concept`` > 0), the runs a sample grid shows.
+
+``frontier_report`` (SCNS) reads every seed's ``summary.json`` of every run and draws the stability-plasticity
+plane (forgetting against plasticity, mean ± std over seeds), joining the runs that no other run beats on both
+axes (the frontier) by a line, with the same numbers as a markdown table. It derives no number a claim reads.
 ``concept_samples_report`` (SCNS) draws, for the first seed, each concept's held-out renders, the base model's
-samples and each named run's samples after that concept's task and after the last task.
+samples and, for each run that saved samples, its samples after that concept's task and after the last task.
 ``vsr_report`` (LiteVSR) tabulates PSNR / SSIM / temporal-difference error per run and step count and draws
 the LQ / SR / HQ frame grid from the samples each fit saved (``vsr_samples.safetensors`` in its run folder).
 """
@@ -33,34 +37,45 @@ def _ms(v: list[float]) -> tuple[float, float]:
     return statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0
 
 
+def frontier(points: dict[str, tuple[float, float]]) -> list[str]:
+    """The runs no other run beats on both axes, by plasticity: ``points`` run -> (PL, FG), higher PL and lower
+    FG better; a run is beaten by one at least as good on both and better on one."""
+    kept = [
+        n
+        for n, (x, y) in points.items()
+        if not any(x2 >= x and y2 <= y and (x2, y2) != (x, y) for m, (x2, y2) in points.items() if m != n)
+    ]
+    return sorted(kept, key=lambda n: points[n][0])
+
+
 def frontier_report(
     result: CardResult,
     out_dir,
     slug: str,
-    runs: dict[str, str],
-    sweep: list[str],
     fg: str = "val/forgetting",
     pl: str = "val/plasticity",
     extra: tuple[str, ...] = ("val/neurons", "val/changed_frac", "val/risk_sum", "val/base_drift"),
 ) -> ReportExtras:
-    """``runs``: card run name -> label (any entry of the fit; its summary holds every metric)."""
+    """Every run on the stability-plasticity plane (mean ± std over seeds), the frontier joined by a line, and a
+    table of ``fg``, ``pl`` and ``extra`` per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    present = {n: label for n, label in runs.items() if n in result.runs}
+    keys = [fg, pl, *extra]
+    table = {n: _per_run(result, n, keys) for n in result.runs}
+    present = [n for n in table if table[n][fg] and table[n][pl]]
     if not present:
         return ReportExtras()
-    keys = [fg, pl, *extra]
-    table = {n: _per_run(result, n, keys) for n in present}
+    means = {n: (_ms(table[n][pl])[0], _ms(table[n][fg])[0]) for n in present}
     fig, ax = plt.subplots(figsize=(4.6, 3.4))
-    for n, label in present.items():
+    for n in present:
         (fx, sx), (fy, sy) = _ms(table[n][pl]), _ms(table[n][fg])
-        ax.errorbar(fx, fy, xerr=sx, yerr=sy, fmt="o", capsize=2, label=label)
-    pts = [(_ms(table[n][pl])[0], _ms(table[n][fg])[0]) for n in sweep if n in present]
-    if len(pts) > 1:
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "k--", lw=0.8)
+        ax.errorbar(fx, fy, xerr=sx, yerr=sy, fmt="o", capsize=2, label=n)
+    line = frontier(means)
+    if len(line) > 1:
+        ax.plot([means[n][0] for n in line], [means[n][1] for n in line], "k--", lw=0.8, label="frontier")
     ax.set_xlabel("plasticity PL (higher = learns more)")
     ax.set_ylabel("forgetting FG (lower = better)")
     ax.legend(fontsize=6)
@@ -71,10 +86,13 @@ def frontier_report(
     plt.close(fig)
     short = [k.split("/")[-1] for k in keys]
     lines = [f"| run | {' | '.join(short)} |", "|---|" + "---|" * len(keys)]
-    for n, label in present.items():
+    for n in present:
         cells = [f"{m:.4g} ± {s:.2g}" for m, s in (_ms(table[n][k]) for k in keys)]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return ReportExtras(figures=[path], markdown="### Stability-plasticity\n\n" + "\n".join(lines) + "\n")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    note = f"\nOn the frontier (no run has both higher PL and lower FG): {', '.join(line)}.\n"
+    return ReportExtras(
+        figures=[path], markdown="### Stability-plasticity\n\n" + "\n".join(lines) + "\n" + note
+    )
 
 
 CONCEPT_SAMPLES_FILE = "concept_samples.safetensors"
@@ -93,13 +111,13 @@ def _strip(images, pad: int = 1):
     return torch.cat(parts, dim=1).numpy()
 
 
-def concept_samples_report(result: CardResult, out_dir, slug: str, runs: dict[str, str]) -> ReportExtras:
+def concept_samples_report(result: CardResult, out_dir, slug: str) -> ReportExtras:
     """Per-concept sample grid of the first seed (SCNS card): one row per concept k — k's held-out renders that
-    the samples start from, the base model under the class-only prompt, then for each run (card run name -> label)
-    its samples right after task k and after the last task under "a <V_k> {class}"; every cell of a row starts
+    the samples start from, the base model under the class-only prompt, then for each run that saved samples its
+    samples right after task k and after the last task under "a <V_k> {class}"; every cell of a row starts
     from the same renders and noise (``harness.ContinualNeuronTuning``'s samples). Reads
-    ``concept_samples.safetensors`` (``harness.ContinualNeuronTuning``, ``samples_per_concept`` > 0) from the run
-    folders; runs without it are left out. It derives no number a claim reads."""
+    ``concept_samples.safetensors`` (``harness.ContinualNeuronTuning``, ``sampling.per_concept`` > 0) from the
+    run folders; runs without it are left out. It derives no number a claim reads."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,12 +125,10 @@ def concept_samples_report(result: CardResult, out_dir, slug: str, runs: dict[st
     from safetensors.torch import load_file
 
     loaded: dict[str, dict] = {}
-    for n, label in runs.items():
-        if n not in result.runs or not result.runs[n].runs:
-            continue
-        path = result.runs[n].runs[0].run_dir / CONCEPT_SAMPLES_FILE
-        if path.exists():
-            loaded[label] = load_file(str(path))
+    for n, run in result.runs.items():
+        path = run.runs[0].run_dir / CONCEPT_SAMPLES_FILE if run.runs else None
+        if path is not None and path.exists():
+            loaded[n] = load_file(str(path))
     if not loaded:
         return ReportExtras()
     first = next(iter(loaded.values()))
@@ -151,7 +167,7 @@ def concept_samples_report(result: CardResult, out_dir, slug: str, runs: dict[st
         f"First seed ({seed}); rows: concepts in task order; columns: held-out renders of the concept, the base "
         "model under the class-only prompt, then per method its samples right after learning the concept and "
         f'after the last concept (prompt "a <V_k> {{class}}"): {", ".join(loaded)}. Each sample is DDIM (eta 0) '
-        "from the render noised to the run's sample_t_start (SDEdit-style; 0: from pure noise), with the same "
+        "from the render noised to the run's sampling.t_start (SDEdit-style; 0: from pure noise), with the same "
         "render and noise across a row, so the columns differ only by the model and the prompt.\n"
     )
     return ReportExtras(figures=[path], markdown=text)
@@ -164,40 +180,39 @@ def vsr_report(
     result: CardResult,
     out_dir,
     slug: str,
-    runs: dict[str, str],
     keys: tuple[str, ...] = ("psnr", "ssim", "tde"),
     steps: tuple[str, ...] = ("k1", "k4", "k8"),
 ) -> ReportExtras:
-    """``runs``: card run name -> label (any entry of the fit). A table of ``val/{key}_{step}`` (mean ± std over
-    seeds) and the frame grid of the first held-out clip of the first seed: LQ (nearest ×s), each run's output
-    at K = 1 (bicubic: its input), HQ; one column per frame. It derives no number a claim reads."""
+    """A table of ``val/{key}_{step}`` of every run (mean ± std over seeds) and the frame grid of the first
+    held-out clip of the first seed: LQ (nearest ×s), the output at K = 1 of every run that saved its samples
+    (bicubic: its input), HQ; one column per frame. It derives no number a claim reads."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from safetensors.torch import load_file
 
-    present = {n: label for n, label in runs.items() if n in result.runs}
+    present = list(result.runs)
     if not present:
         return ReportExtras()
     cols = [f"val/{k}_{s}" for k in keys for s in steps]
     lines = [f"| run | {' | '.join(c.removeprefix('val/') for c in cols)} |", "|---|" + "---|" * len(cols)]
-    for n, label in present.items():
+    for n in present:
         table = _per_run(result, n, cols)
         cells = [f"{m:.4g} ± {s:.2g}" for m, s in (_ms(table[c]) for c in cols)]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
     markdown = "### Restoration quality (held-out clips)\n\n" + "\n".join(lines) + "\n"
     rows: list[tuple[str, object]] = []
     hq = None
-    for n, label in present.items():
-        path = result.runs[n].runs[0].run_dir / SAMPLES_FILE
-        if not path.exists():
+    for n in present:
+        path = result.runs[n].runs[0].run_dir / SAMPLES_FILE if result.runs[n].runs else None
+        if path is None or not path.exists():
             continue
         s = load_file(str(path))
         if hq is None:
             hq = s["hq"][0]
             rows.append(("LQ (nearest)", s["lq_nearest"][0]))
-        rows.append((label, s["sr_k1"][0]))
+        rows.append((n, s["sr_k1"][0]))
     figures = []
     if hq is not None:
         rows.append(("HQ", hq))

@@ -1,7 +1,7 @@
 """Video super-resolution on a frozen flow-matching video DiT: the loop every VSR method of the family shares.
 
 ``FrozenDiTVSR`` holds the frozen backbone (a diffusers ``WanTransformer3DModel``: ``dit.TinyDiT`` pre-trained
-here and cached per ``base_seed`` at the quick scale, in pixel space; with ``pretrained_path``,
+here and cached per run seed (its "backbone" stream) at the quick scale, in pixel space; with ``pretrained_path``,
 ``dit.WanLatentBackbone``: a diffusers Wan checkpoint's transformer on its AutoencoderKLWan latents, with the
 empty-prompt umT5 embedding computed once), the flow-matching objective (``flow_matching``), and one
 ``Conditioner``: the trainable part a method adds (an adapter that injects hints, a trainable copy, ...). It
@@ -19,7 +19,7 @@ trains only ``conditioner.parameters()`` and evaluates every method the same way
       v = v(x, sigma_i; state, x0_in);  x0_in = x − sigma_i v;  x = scheduler.step(v, t_i, x)
 
 Validation runs once, after the last training step, on the held-out clips, for every K in ``val_steps`` with
-the same noise for every method (seeded by ``eval_seed`` and the batch; latent-shaped at full scale), samples
+the same noise for every method (the run's "eval" stream and the batch; latent-shaped at full scale), samples
 decoded to pixels (D, the identity at the quick scale): ``val/psnr_k{K}``, ``val/ssim_k{K}``
 (torchmetrics, frames in [0, 1], per-frame mean), ``val/tde_k{K}`` (``TemporalDifferenceError``),
 ``val/psnr_gap_k{K}_k1`` (``psnr_k{K} − psnr_k1`` of the same fit, when K = 1 is among the steps), the bicubic
@@ -47,6 +47,8 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.image import PeakSignalNoiseRatio, StructuralSimilarityIndexMeasure
 
+from litlab.lit_modules.core.config import as_config
+from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.diffusion.contract import VideoSRData, bicubic_up, check_data
 from litlab.lit_modules.diffusion.dit import TinyDiTConfig, WanLatentBackbone, pretrained_tiny_dit
 from litlab.lit_modules.diffusion.flow_matching import FlowMatchingObjective
@@ -117,7 +119,6 @@ class FrozenDiTVSR(L.LightningModule):
     def __init__(
         self,
         backbone: TinyDiTConfig = TinyDiTConfig(),  # noqa: B008
-        base_seed: int = 0,
         pretrained_path: str | None = None,
         flow_shift: float = 3.0,
         self_cond_prob: float = 0.5,
@@ -126,11 +127,10 @@ class FrozenDiTVSR(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.999),
         weight_decay: float = 0.0,
         grad_clip: float = 1.0,
-        eval_seed: int = 0,
     ):
         super().__init__()
         self.save_hyperparameters()
-        self.backbone_cfg = backbone if isinstance(backbone, TinyDiTConfig) else TinyDiTConfig(**backbone)
+        self.backbone_cfg = as_config(TinyDiTConfig, backbone, "backbone")
         if not 0.0 <= self_cond_prob <= 1.0:
             raise ValueError(f"self_cond_prob must be in [0, 1], got {self_cond_prob}")
         if not val_steps or any(int(k) < 1 for k in val_steps):
@@ -148,6 +148,7 @@ class FrozenDiTVSR(L.LightningModule):
         self.ssim = nn.ModuleDict({k: StructuralSimilarityIndexMeasure(data_range=1.0) for k in keys})
         self.tde = nn.ModuleDict({k: TemporalDifferenceError() for k in keys})
         self._mass: dict[tuple[int, int], list[Tensor]] = defaultdict(list)
+        self._samples: dict[str, Tensor] | None = None  # the first validation batch's clips, for the report
         self._built = False
         if pretrained_path is not None:
             # the full scale: loaded here, so an absent checkpoint stops the run at once, naming it and its part;
@@ -165,10 +166,9 @@ class FrozenDiTVSR(L.LightningModule):
         check_data(dm, VideoSRData, type(self).__qualname__)
         self.scale = int(dm.scale)
         if self.backbone is None:
-            self.backbone = freeze_(pretrained_tiny_dit(self.backbone_cfg, dm, self.hparams.base_seed))
+            self.backbone = freeze_(pretrained_tiny_dit(self.backbone_cfg, dm, derive_seed("backbone")))
         else:  # the latent grid: a clip of the data module's geometry must fit it (error names both)
-            crop = getattr(dm, "crop", (dm.hq_size, dm.hq_size))
-            self.backbone.check_clip((1, 3, int(dm.frames), *crop))
+            self.backbone.check_clip((1, 3, int(dm.frames), *dm.frame_size))
         if self.hparams.pretrained_path is not None:  # spec §3.5: frozen blocks recomputed in backward
             self.transformer.enable_gradient_checkpointing()
         self.conditioner = self.build_conditioner()
@@ -272,7 +272,7 @@ class FrozenDiTVSR(L.LightningModule):
         hq, lq = batch
         up = bicubic_up(lq, self.scale)
         z_lq = self.backbone.encode(up)
-        gen = torch.Generator().manual_seed(self.hparams.eval_seed * 100_003 + batch_idx)
+        gen = torch.Generator().manual_seed(derive_seed("eval") * 100_003 + batch_idx)
         eps = torch.randn(self.backbone.latent_shape(tuple(hq.shape)), generator=gen).to(hq)
         target = frames_01(hq)
         outs = {"bicubic": up}
@@ -317,7 +317,7 @@ class FrozenDiTVSR(L.LightningModule):
 
     def save_samples(self) -> None:
         """The first held-out clips (HQ, LQ, bicubic, every K) in the run folder, for the report's frame grid."""
-        samples, self._samples = getattr(self, "_samples", None), None
+        samples, self._samples = self._samples, None
         if samples is None or self._trainer is None or self.trainer.sanity_checking or self.global_rank != 0:
             return
         from safetensors.torch import save_file
