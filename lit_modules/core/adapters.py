@@ -38,7 +38,21 @@ InitMode = Literal["kaiming_A_zero_B", "given", "orthonormal_in_complement", "ze
 PerModule = float | int | Mapping[str, float | int]
 
 
-class LowRankBranch(nn.Module):
+class AdapterBranch(nn.Module):
+    """One trainable update ΔW of an ``AdapterLinear``: its factors by name (what optimizers, penalties and the
+    PEFT export read), ``delta_weight``, ``kruskal_factors`` and ``forward``."""
+
+    kind: ClassVar[str]
+
+    def factors(self) -> dict[str, nn.Parameter]:
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.factors().values())).dtype
+
+
+class LowRankBranch(AdapterBranch):
     """ΔW = s · B diag(coeff) A, with A ∈ R^{r×d_in} (reads the input) and B ∈ R^{d_out×r} (writes it)."""
 
     kind = "lora"
@@ -80,10 +94,6 @@ class LowRankBranch(nn.Module):
     def factors(self) -> dict[str, nn.Parameter]:
         return {"A": self.A, "B": self.B}
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.A.dtype
-
     def kruskal_factors(self) -> list[Tensor]:
         """Matrices whose columns should be k-independent: A and Bᵀ (LoKRA's Kruskal-rank condition on the factors)."""
         return [self.A, self.B.T]
@@ -96,7 +106,7 @@ class LowRankBranch(nn.Module):
         return self.scale * ((self.dropout(x) @ self.A.T) @ self.B.T)
 
 
-class KhatriRaoBranch(nn.Module):
+class KhatriRaoBranch(AdapterBranch):
     """ΔW = s · (D ⊙ C)[:d_out], D ∈ R^{r₁×d_in} Kaiming, C ∈ R^{r₂×d_in} zero (LoKRA+, the Khatri–Rao parameterisation of KRAdapter, arXiv 2508.00230).
 
     Reconstructed (LoKRA's text could not be read; chosen): r₂ = ⌈d_out/r₁⌉ by default, scale α/r₁, Khatri–Rao over the input
@@ -128,10 +138,6 @@ class KhatriRaoBranch(nn.Module):
 
     def factors(self) -> dict[str, nn.Parameter]:
         return {"D": self.D, "C": self.C}
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.D.dtype
 
     def kruskal_factors(self) -> list[Tensor]:
         return [self.D, self.C]

@@ -45,6 +45,16 @@ def sampled_column_subsets(n: int, k: int, n_samples: int, generator: torch.Gene
     return keys.argsort(dim=1)[:, :k]
 
 
+def sampled_normalized_subsets(
+    M: Tensor, k: int | None, n_samples: int, generator: torch.Generator | None, delta: float
+) -> Tensor:
+    """``[n_samples, rows, k]``: random k-column subsets of ``M`` (k = rows by default), columns at unit norm, in
+    float64 (log-determinants and smallest singular values of near-singular subsets need it)."""
+    k = M.shape[0] if k is None else k
+    idx = sampled_column_subsets(M.shape[1], k, n_samples, generator).to(M.device)
+    return normalize_columns(M.double(), delta)[:, idx].permute(1, 0, 2)
+
+
 @torch.no_grad()
 def sampled_logvol(
     M: Tensor,
@@ -55,9 +65,7 @@ def sampled_logvol(
 ) -> Tensor:
     """Mean over random k-column subsets of ``log det`` of the normalised Gram — the "log-volume" the
     LoKRA penalty raises (higher = more independent directions)."""
-    k = M.shape[0] if k is None else k
-    idx = sampled_column_subsets(M.shape[1], k, n_samples, generator).to(M.device)
-    Ms = normalize_columns(M.double(), delta)[:, idx].permute(1, 0, 2)
+    Ms = sampled_normalized_subsets(M, k, n_samples, generator, delta)
     sign, logabs = torch.linalg.slogdet(Ms.transpose(1, 2) @ Ms)
     return (
         torch.where(sign > 0, logabs, torch.full_like(logabs, -math.inf)).clamp_min(-1e3).mean().to(M.dtype)
@@ -73,9 +81,7 @@ def sampled_sigma_min(
     delta: float = 1e-6,
 ) -> Tensor:
     """Smallest singular value of the column-normalised k-subsets, one per sampled subset ``[n_samples]``."""
-    k = M.shape[0] if k is None else k
-    idx = sampled_column_subsets(M.shape[1], k, n_samples, generator).to(M.device)
-    Ms = normalize_columns(M.double(), delta)[:, idx].permute(1, 0, 2)
+    Ms = sampled_normalized_subsets(M, k, n_samples, generator, delta)
     return torch.linalg.svdvals(Ms)[:, -1].to(M.dtype)
 
 
