@@ -10,8 +10,10 @@
                      saliency, diagonal Fisher, and ``RowDeltaBranch``, a row-selective branch of the adapter
                      core's ``AdapterLinear`` (merged in place and unwrapped: fusion-free).
 * ``submodular.py``  facility location and the cost-aware (lazy) greedy (pure functions).
-* ``harness.py``     ``ContinualNeuronTuning``: the concept-stream loop inside one fit (begin task → masked
-                     DDPM steps → merge, freezing guard, held-out loss), forgetting / plasticity metrics.
+* ``harness.py``     ``ContinualNeuronTuning``: the concept-stream loop inside one fit, calling a method's
+                     ``begin_task`` / ``training_step`` / ``end_task``, and the tools they call (token init, row
+                     deltas and their optimiser, masked DDPM loss, merge and freezing guard, held-out loss,
+                     samples); forgetting / plasticity metrics.
 * ``report.py``      the stability-plasticity figure and table for the cards' report hooks.
 * methods, one file each, named like their card: ``scns.py`` (SCNS, with all-K/V, random and top-k saliency
   selection as switches of one module).
