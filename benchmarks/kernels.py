@@ -59,8 +59,18 @@ def timer(cpu: bool):
 PER_MS = {"TFLOP/s": 1e9, "TOP/s": 1e9, "GB/s": 1e6}
 
 
-def table_row(kernel: str, case: str, ms: float, work: float, unit: str, floor_ms: float) -> tuple:
-    """One row of the table: the rate at which ``work`` was done in ``ms``, beside the roofline floor."""
+def table_row(
+    kernel: str,
+    case: str,
+    ms: float,
+    work: float,
+    unit: str,
+    peak_per_s: float,
+    floor_ms: float | None = None,
+) -> tuple:
+    """One row of the table: the rate at which ``work`` was done in ``ms``, beside the roofline floor (the time
+    ``work`` takes at the peak rate ``peak_per_s``; ``floor_ms`` where another bound is slower)."""
+    floor_ms = roofline_ms(work, peak_per_s) if floor_ms is None else floor_ms
     return (kernel, case, ms, work / ms / PER_MS[unit], unit, floor_ms)
 
 
@@ -89,15 +99,13 @@ def bench_a(quick, dev, dtype, measure, peak):
         k, v = (torch.randn(1, Hk, N, d, device=dev, dtype=dtype) for _ in range(2))
         sdpa_ms = measure(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
         dense_flops = 2 * H * N * N * d  # causal: half of 4*H*N^2*d
-        floor = roofline_ms(dense_flops, peak["tflops"] * 1e12)
-        rows.append(table_row("a", f"SDPA N={N}", sdpa_ms, dense_flops, "TFLOP/s", floor))
+        rows.append(table_row("a", f"SDPA N={N}", sdpa_ms, dense_flops, "TFLOP/s", peak["tflops"] * 1e12))
         for rho in [1.0, 0.1] if quick else [1.0, 0.5, 0.2, 0.1, 0.05]:
             mask = sink_local_random_mask(1, H, N, 64, 32, rho, dev)
             ms = measure(lambda: block_sparse_attention(q, k, v, mask, 64, 32, impl="triton"))
             flops = 4 * 64 * 32 * d * int(mask.sum())
             case = f"block-sparse N={N} rho={rho} (density {float(mask.float().mean()):.2f})"
-            floor = roofline_ms(flops, peak["tflops"] * 1e12)
-            rows.append(table_row("a", case, ms, flops, "TFLOP/s", floor))
+            rows.append(table_row("a", case, ms, flops, "TFLOP/s", peak["tflops"] * 1e12))
     return rows
 
 
@@ -113,10 +121,8 @@ def bench_b(quick, dev, dtype, measure, peak):
         ms_s = measure(lambda: quant_qk_block_select(q, *quant, 0.01, impl="triton"))
         ops = H * N * N * d  # middle region ~ half the square, 2 ops per MAC
         nbytes = 1.8e9 * (N / 65536) * (H / 32)  # what smooth_quantize moves: 1.8 GB at N = 65536, H = 32
-        floor = roofline_ms(nbytes, peak["tbps"] * 1e12)
-        rows.append(table_row("b", f"smooth_quantize N={N}", ms_q, nbytes, "GB/s", floor))
-        floor = roofline_ms(ops, peak["tops_int8"] * 1e12)
-        rows.append(table_row("b", f"int8 block select N={N}", ms_s, ops, "TOP/s", floor))
+        rows.append(table_row("b", f"smooth_quantize N={N}", ms_q, nbytes, "GB/s", peak["tbps"] * 1e12))
+        rows.append(table_row("b", f"int8 block select N={N}", ms_s, ops, "TOP/s", peak["tops_int8"] * 1e12))
     return rows
 
 
@@ -144,8 +150,7 @@ def bench_c1(quick, dev, dtype, measure, peak):
         ms_ref = measure(lambda: gather_lowrank_reconstruct_reference(a, bm, idx, cos, sin, 8))
         nbytes = 2 * (B * Hk * S * r + B * Hk * r * d + B * Hk * S * d)
         case = f"gather-reconstruct B={B} S={S} r={r} (reference {ms_ref:.3f} ms)"
-        floor = roofline_ms(nbytes, peak["tbps"] * 1e12)
-        rows.append(table_row("c1", case, ms, nbytes, "GB/s", floor))
+        rows.append(table_row("c1", case, ms, nbytes, "GB/s", peak["tbps"] * 1e12))
     return rows
 
 
@@ -168,7 +173,7 @@ def bench_c2(quick, dev, dtype, measure, peak):
         # compute-bound or bound by reading W (bf16) once, whichever is slower
         floor = max(roofline_ms(flops, peak["tflops"] * 1e12), roofline_ms(2 * n * n, peak["tbps"] * 1e12))
         case = f"lora_linear T={T} r={r} (x@W^T {ms_base:.3f} ms, unfused {ms_ref:.3f} ms)"
-        rows.append(table_row("c2", case, ms, flops, "TFLOP/s", floor))
+        rows.append(table_row("c2", case, ms, flops, "TFLOP/s", peak["tflops"] * 1e12, floor_ms=floor))
     return rows
 
 
