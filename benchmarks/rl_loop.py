@@ -27,7 +27,7 @@ import time
 import lightning as L
 import torch
 
-from litlab.datamodules.rl import RLDataModule
+from litlab.datamodules.rl import OfflineData, RLDataModule
 from litlab.datamodules.rl_env import Collector, env_dims, make_env
 from litlab.datamodules.rl_replay import ReplayBuffer
 from litlab.lit_modules.rl.module import RLModule
@@ -52,12 +52,14 @@ class OnlineSAC(RLModule):
         lr: float = 3e-4,
         batch_size: int = 128,
         learning_starts: int = 100,
+        online_steps: int = 1000,
         log_every: int = 50,
         steps_per_batch: int = 16,
     ):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
+        self.online_iterations = online_steps
 
     def build(self, obs_dim: int, act_dim: int) -> None:
         self.agent = SACAgent(obs_dim, act_dim, list(self.hparams.hidden), self.hparams.lr)
@@ -116,9 +118,13 @@ def lightning_loop(
     steps_per_batch: int = 16,
 ) -> tuple[float, float]:
     L.seed_everything(seed, verbose=False)
-    dm = RLDataModule(env_id=env_id, dataset_level=None, n_online_steps=steps, env_seed=seed)
+    dm = RLDataModule(env_id=env_id, offline=OfflineData(level=None))
     model = OnlineSAC(
-        hidden, batch_size=batch_size, learning_starts=learning_starts, steps_per_batch=steps_per_batch
+        hidden,
+        batch_size=batch_size,
+        learning_starts=learning_starts,
+        online_steps=steps,
+        steps_per_batch=steps_per_batch,
     )
     trainer = L.Trainer(
         max_epochs=1,

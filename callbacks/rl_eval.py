@@ -5,7 +5,10 @@ cadences are registered with the datamodule (``RLData.align_to``), so a module t
 per ``training_step`` still ends one exactly there.
 
 It reads the datamodule through the RL family's ``RLData`` contract (checked once in ``setup``) and the module
-through ``act(obs, deterministic)``."""
+through ``ActingModule`` (``act(obs, deterministic)`` and where its offline phase ends). Evaluation episode i
+starts from the reset seed ``derive_seed("eval") + i``: the same episodes for every evaluation of a run and for
+every run of one run seed (a card's runs of one seed are compared on the same starts), other starts for another
+run seed."""
 
 from __future__ import annotations
 
@@ -16,7 +19,14 @@ import lightning as L
 import numpy as np
 import torch
 
-from litlab.lit_modules.rl.contract import RLData, check_acting_module, check_rl_data, evaluate
+from litlab.lit_modules.core.seeding import derive_seed
+from litlab.lit_modules.rl.contract import (
+    ActingModule,
+    RLData,
+    check_acting_module,
+    check_rl_data,
+    evaluate,
+)
 from litlab.lit_modules.rl.scores import normalized_score
 
 
@@ -33,7 +43,6 @@ class RLEvalCallback(L.Callback):
         every_n_iterations: int = 1000,
         n_episodes: int = 5,
         ref_table: str = "d4rl",
-        seed_base: int = 10_000,
         checkpoint_every_n_iterations: int | None = 1000,
     ):
         """Logs ``eval/return``, ``eval/score`` (100 · (R − R_random)/(R_expert − R_random), ``ref_table`` for
@@ -43,12 +52,8 @@ class RLEvalCallback(L.Callback):
             raise ValueError(
                 f"every_n_iterations and n_episodes must be >= 1, got {every_n_iterations}, {n_episodes}"
             )
-        self.every, self.n_episodes, self.ref_table, self.seed_base = (
-            every_n_iterations,
-            n_episodes,
-            ref_table,
-            seed_base,
-        )
+        self.every, self.n_episodes, self.ref_table = every_n_iterations, n_episodes, ref_table
+        self.eval_seed: int | None = None  # the run's ``eval`` stream, drawn in ``setup``
         self.ckpt_every = checkpoint_every_n_iterations
         self.history: list[dict[str, float]] = []
         self._online_scores: list[float] = []
@@ -62,6 +67,7 @@ class RLEvalCallback(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         dm = check_rl_data(trainer.datamodule, needs_offline=False, user="RLEvalCallback")
         check_acting_module(pl_module, user="RLEvalCallback")
+        self.eval_seed = derive_seed("eval")
         # a module running several iterations per training_step ends them at these cadences, so the
         # evaluations and checkpoints fall on the iterations they fall on with one iteration per step
         dm.align_to(self.every)
@@ -71,8 +77,9 @@ class RLEvalCallback(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         dm: RLData = trainer.datamodule
+        module: ActingModule = pl_module
         it = dm.iteration
-        phase_end = dm.n_offline_steps > 0 and it == dm.n_offline_steps
+        phase_end = module.offline_iterations > 0 and it == module.offline_iterations
         if it % self.every == 0 or it == dm.total_iterations or phase_end:
             self.run_eval(trainer, pl_module, phase_end)
         if (
@@ -93,11 +100,13 @@ class RLEvalCallback(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, phase_end: bool = False
     ) -> dict[str, float]:
         dm: RLData = trainer.datamodule
+        if self.eval_seed is None:  # called before the fit's setup (a direct call)
+            self.eval_seed = derive_seed("eval")
         returns = evaluate(
             lambda o: pl_module.act(o.to(pl_module.device), deterministic=True),
             dm.env_id,
             self.n_episodes,
-            self.seed_base,
+            self.eval_seed,
             dm.obs_scale,
             dm.env_kwargs,
         )
@@ -116,7 +125,7 @@ class RLEvalCallback(L.Callback):
         }
         if phase_end:
             metrics["eval/score_offline_end"] = score
-        if dm.env_steps > 0 and dm.iteration > dm.n_offline_steps:
+        if dm.env_steps > 0 and dm.iteration > pl_module.offline_iterations:
             self._online_scores.append(score)
             metrics["eval/score_auc"] = float(np.mean(self._online_scores))
         self.history.append(metrics)

@@ -2,23 +2,29 @@
 training env and its collector, and a loader of step indices that drives the loop. It implements the RL
 family's ``RLData`` contract (``litlab.lit_modules.rl.contract``).
 
-The env is stepped by the LightningModule inside ``training_step`` through ``collect`` — never in a DataLoader
-worker. The loader only yields iteration indices in ``0 .. n_offline_steps + n_online_steps − 1``, starting at
-the restored counter after a resume, so ``max_epochs: 1`` bounds the run (Lightning's ``global_step`` counts
-every optimiser step and cannot). Each index starts a *chunk* of up to ``steps_per_batch`` iterations (one
-iteration = one env step online, with its updates), which the module runs in one ``training_step``: Lightning's
-fixed cost per loop iteration is paid once per chunk. A chunk never crosses the offline→online switch, the end,
-or a multiple of any cadence registered with ``align_to`` (evaluation, checkpoint and logging cadences, in
+The data module serves data; the method owns its algorithm. The module says how long its loop is and where its
+phases switch (``plan``, ``end_chunk_at``, in its ``setup``); the data module sizes the replay buffer from that and
+its loader yields iteration indices ``0 .. total_iterations − 1``, starting at the restored counter after a resume,
+so ``max_epochs: 1`` bounds the run (Lightning's ``global_step`` counts every optimiser step and cannot). The env is
+stepped by the LightningModule inside ``training_step`` through ``collect`` — never in a DataLoader worker. Each
+index starts a *chunk* of up to ``steps_per_batch`` iterations (one iteration = one env step online, with its
+updates), which the module runs in one ``training_step``: Lightning's fixed cost per loop iteration is paid once
+per chunk. A chunk never crosses the end, an iteration given to ``end_chunk_at`` (the method's phase switch) or
+a multiple of any cadence registered with ``align_to`` (evaluation, checkpoint and logging cadences, in
 iterations), so whatever runs between batches still runs at exactly the iteration it ran at with one iteration
 per batch, and every checkpoint falls on a chunk end. ``state_dict`` (saved in every checkpoint) holds the
 online buffer as tensors, the iteration counter and the env-step counter, so a resumed run continues the online
 phase where it stopped.
+
+Random streams (``litlab.lit_modules.core.seeding``): a generated data set is drawn from the run's ``data``
+stream, a random demo-subsampling offset from ``data.subsample``, the training env (its resets and the uniform
+exploration actions) from ``env``; the content of the offline data actually used is recorded as the artefact
+``data`` (a fingerprint of its arrays), whether it was generated here or read from a shared file.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import lightning as L
 import numpy as np
@@ -29,7 +35,51 @@ from litlab.datamodules.rl_d4rl import LEVELS, dataset_path, episode_returns, lo
 from litlab.datamodules.rl_datasets import ANALYTIC_ENVS, cached_dataset, missing_dataset_error
 from litlab.datamodules.rl_env import Collector, Policy, check_env_available, env_dims, make_env
 from litlab.datamodules.rl_replay import ReplayBuffer
+from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.core.seeding import derive_seed, fingerprint, record_artefact
+
+
+@config_part
+class OfflineData:
+    """The offline data set, D4RL layout (``level=None``: none, an online-only run). With ``generate`` (the
+    analytic pendulum toys only, seconds) every run seed draws its own set of ``size`` transitions from its
+    ``data`` stream, cached as ``<cache>/d4rl/<env>-<level>-seed<k>.hdf5``; without it the run reads the shared
+    ``<env>-<level>.hdf5`` that ``litlab data d4rl`` writes (the same for every run seed, as a real D4RL set is:
+    a card then declares ``data`` shared). ``path``: a D4RL/Minari file of your own instead of a level (also the
+    same for every seed)."""
+
+    level: str | None = "medium"
+    path: str | None = None
+    generate: bool = True
+    size: int = 20_000
+
+
+@config_part
+class DemoSelection:
+    """The offline transitions kept (expert demos, the GAIL/DAC convention): the first ``num_episodes`` episodes
+    (None: all), every ``subsampling_rate``-th transition of each from ``subsampling_offset`` (None: an offset
+    drawn from the run's ``data.subsample`` stream)."""
+
+    num_episodes: int | None = None
+    subsampling_rate: int = 1
+    subsampling_offset: int | None = None
+
+
+@config_part
+class Scaling:
+    """Fixed input and reward scales, for offline and online data alike: the observations the policy sees are
+    divided by ``obs_scale`` (one entry per dimension; None: unscaled) and rewards multiplied by
+    ``reward_scale``; ``iql_reward_norm`` multiplies that by 1000 / (max − min episode return of the offline
+    data), IQL's locomotion preprocessing (Kostrikov et al., "Offline Reinforcement Learning with Implicit
+    Q-Learning", arXiv 2110.06169, App. B)."""
+
+    obs_scale: tuple[float, ...] | None = None
+    reward_scale: float = 1.0
+    iql_reward_norm: bool = False
+
+
+OFFLINE_DATA, ALL_TRANSITIONS, UNSCALED = OfflineData(), DemoSelection(), Scaling()
 
 
 class StepIndexDataset(IterableDataset):
@@ -50,156 +100,154 @@ class RLDataModule(L.LightningDataModule):
     def __init__(
         self,
         env_id: str = "Pendulum-v1",
-        dataset_path: str | None = None,
-        dataset_level: str | None = "medium",
-        generate_dataset: bool = True,
-        dataset_size: int = 20_000,
-        dataset_seed: int | Literal["run"] | None = None,
-        num_demos: int | None = None,
-        subsampling_rate: int = 1,
-        subsampling_offset: int | None = None,
-        n_offline_steps: int = 0,
-        n_online_steps: int = 10_000,
+        offline: OfflineData = OFFLINE_DATA,
+        demos: DemoSelection = ALL_TRANSITIONS,
+        scaling: Scaling = UNSCALED,
         buffer_capacity: int = 1_000_000,
-        obs_scale: list[float] | None = None,
-        reward_scale: float = 1.0,
-        iql_reward_norm: bool = False,
         terminate_when_unhealthy: bool | None = None,
-        env_seed: int | None = None,
     ):
-        """``dataset_path`` (a D4RL/Minari HDF5 file) or ``dataset_level``
-        (``<cache>/d4rl/<env>-<level>.hdf5``; when missing and ``generate_dataset``, generated on first use
-        for Pendulum-v1 and LowTorquePendulum-v0 — seconds, analytic controller —, otherwise ``litlab data d4rl`` makes it);
-        ``dataset_seed``: seed of a generated data set — None: seed 0, the shared file ``<env>-<level>.hdf5``;
-        k: ``<env>-<level>-seed<k>.hdf5`` generated with seed k; ``run``: the run's seed (``seed_everything``),
-        so every seed of a card draws its own data; ``num_demos``/``subsampling_rate``/``subsampling_offset`` keep the first episodes and every n-th
-        transition from a random (or given) offset (expert demos); ``iql_reward_norm`` multiplies
-        ``reward_scale`` by 1000 / (max − min episode return of the offline data), IQL's locomotion
-        preprocessing (Kostrikov et al., "Offline Reinforcement Learning with Implicit Q-Learning", arXiv
-        2110.06169, App. B), for offline and online rewards alike; ``env_seed`` defaults to
-        ``seed_everything``'s seed."""
+        """``env_id``: a registered gymnasium env (actions rescaled to [−1, 1]); ``buffer_capacity``: the most
+        rows the online replay buffer holds (it is never larger than the module's online budget);
+        ``terminate_when_unhealthy``: passed to MuJoCo envs that take it (None: the env's default)."""
         super().__init__()
         self.save_hyperparameters()
+        self.env_id = env_id
+        self.offline_data = as_config(OfflineData, offline, "RLDataModule.offline")
+        self.demos = as_config(DemoSelection, demos, "RLDataModule.demos")
+        self.scaling = as_config(Scaling, scaling, "RLDataModule.scaling")
+        self.buffer_capacity, self.terminate_when_unhealthy = int(buffer_capacity), terminate_when_unhealthy
         check_env_available(env_id)
-        if dataset_level is not None and dataset_level not in LEVELS:
-            raise ValueError(f"dataset_level={dataset_level!r} is not one of {LEVELS}")
-        if subsampling_rate < 1:
-            raise ValueError(f"subsampling_rate must be >= 1, got {subsampling_rate}")
-        if n_offline_steps < 0 or n_online_steps < 0:
-            raise ValueError(
-                f"step counts must be >= 0, got {n_offline_steps} offline, {n_online_steps} online"
-            )
-        self.dataset_seed = (
-            int(torch.initial_seed() % 2**31) if dataset_seed == "run" else dataset_seed
-        )  # resolved once: seed_everything has run before the CLI builds the data module
-        self.data_file = self._resolve_dataset()
-        self.n_offline_steps, self.n_online_steps = n_offline_steps, n_online_steps
-        self.total_iterations = n_offline_steps + n_online_steps
+        if self.offline_data.level is not None and self.offline_data.level not in LEVELS:
+            raise ValueError(f"offline.level={self.offline_data.level!r} is not one of {LEVELS}")
+        if self.demos.subsampling_rate < 1:
+            raise ValueError(f"demos.subsampling_rate must be >= 1, got {self.demos.subsampling_rate}")
+        self.data_file, self.data_seed = self._resolve_dataset()
+        self.total_iterations = 0  # the module's plan (``plan``) sets the loop's length
         self.iteration = 0
         self.steps_per_batch = 1  # iterations per loader batch; the module sets it (``set_steps_per_batch``)
         self.cadences: set[int] = set()  # chunks end at every multiple of these (``align_to``)
+        self.chunk_ends: set[int] = set()  # and at each of these iterations (``end_chunk_at``)
+        self.env = None  # the training env, built in ``setup``
         self.offline: dict[str, torch.Tensor] | None = None
         self.online: ReplayBuffer | None = None
         self.collector: Collector | None = None
         self._pending_state: dict | None = None
 
-    def _resolve_dataset(self) -> Path | None:
-        hp = self.hparams
-        if hp.dataset_path:
-            path = Path(hp.dataset_path).expanduser()
+    def _resolve_dataset(self) -> tuple[Path | None, int | None]:
+        """The offline data file and, for a set generated per run seed, the seed it is drawn with."""
+        data = self.offline_data
+        if data.path:
+            path = Path(data.path).expanduser()
             if not path.exists():
                 raise DatasetUnavailableError(
                     f"data set {path} does not exist. Generate one locally with `litlab data "
-                    f"d4rl --env {hp.env_id} --level medium --out {path}`, or give the path of "
+                    f"d4rl --env {self.env_id} --level medium --out {path}`, or give the path of "
                     "a D4RL/Minari HDF5 file you have"
                 )
-            return path
-        if hp.dataset_level is None:
-            return None
-        path = dataset_path(hp.env_id, hp.dataset_level, seed=self.dataset_seed)
-        if not path.exists() and not hp.generate_dataset:
-            raise missing_dataset_error(hp.env_id, hp.dataset_level, path, "generate_dataset is false")
-        if not path.exists() and hp.env_id not in ANALYTIC_ENVS:
+            return path, None
+        if data.level is None:
+            return None, None
+        if not data.generate:
+            path = dataset_path(self.env_id, data.level)
+            if not path.exists():
+                raise missing_dataset_error(self.env_id, data.level, path, "offline.generate is false")
+            return path, None
+        if self.env_id not in ANALYTIC_ENVS:
             raise missing_dataset_error(
-                hp.env_id,
-                hp.dataset_level,
-                path,
-                f"only {', '.join(ANALYTIC_ENVS)} are generated on first use",
+                self.env_id,
+                data.level,
+                dataset_path(self.env_id, data.level),
+                f"only {', '.join(ANALYTIC_ENVS)} are generated per run seed; for the shared file set "
+                "offline.generate: false",
             )
-        return path
-
-    @property
-    def env_id(self) -> str:
-        return self.hparams.env_id
+        seed = derive_seed("data")  # resolved once: seed_everything has run before the CLI builds the module
+        return dataset_path(self.env_id, data.level, seed=seed), seed
 
     @property
     def env_kwargs(self) -> dict:
         """Arguments of ``make_env`` beyond the id, for the training env and evaluation envs alike."""
-        return {"terminate_when_unhealthy": self.hparams.terminate_when_unhealthy}
+        return {"terminate_when_unhealthy": self.terminate_when_unhealthy}
 
     # ---- data ------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
-        """Generate the cached analytic data set on first use (the Trainer calls this before ``setup``)."""
-        if self.data_file is not None and not self.data_file.exists():
-            hp = self.hparams
-            seed = 0 if self.dataset_seed is None else self.dataset_seed
-            cached_dataset(
-                hp.env_id, hp.dataset_level, hp.dataset_size, seed, per_seed=self.dataset_seed is not None
-            )
+        """Generate this run seed's analytic data set on first use (the Trainer calls this before ``setup``)."""
+        if self.data_seed is not None and not self.data_file.exists():
+            data = self.offline_data
+            cached_dataset(self.env_id, data.level, data.size, self.data_seed, per_seed=True)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.collector is not None:
+        if self.env is not None:
             return
-        hp = self.hparams
-        seed = hp.env_seed if hp.env_seed is not None else int(torch.initial_seed() % 2**31)
-        env = make_env(hp.env_id, **self.env_kwargs)
-        obs_dim, act_dim = env_dims(env)
-        self.obs_scale = torch.tensor(hp.obs_scale, dtype=torch.float32) if hp.obs_scale else None
+        scaling = self.scaling
+        self.env = make_env(self.env_id, **self.env_kwargs)
+        obs_dim, act_dim = env_dims(self.env)
+        self.obs_scale = torch.tensor(scaling.obs_scale, dtype=torch.float32) if scaling.obs_scale else None
         if self.obs_scale is not None and self.obs_scale.numel() != obs_dim:
             raise ValueError(
-                f"obs_scale has {self.obs_scale.numel()} entries, {hp.env_id} observations have {obs_dim}"
+                f"scaling.obs_scale has {self.obs_scale.numel()} entries, {self.env_id} observations have "
+                f"{obs_dim}"
             )
-        self.reward_scale = hp.reward_scale
+        self.reward_scale = scaling.reward_scale
         if self.data_file is not None:
             self.prepare_data()  # a no-op when the Trainer ran it; here for direct ``setup()`` calls
-            self.offline = self._load_offline(self.data_file, seed, obs_dim, act_dim)
-        self.online = ReplayBuffer(obs_dim, act_dim, min(hp.buffer_capacity, max(hp.n_online_steps, 1)))
-        self.collector = Collector(env, self.online, seed, self.obs_scale, self.reward_scale)
+            self.offline = self._load_offline(self.data_file, obs_dim, act_dim)
         self.obs_dim, self.act_dim = obs_dim, act_dim
+
+    def plan(self, iterations: int, env_steps: int) -> None:
+        """The module's loop: ``iterations`` in all (the loader yields ``0 .. iterations − 1``), of which at most
+        ``env_steps`` step the env (the replay buffer holds ``min(buffer_capacity, env_steps)`` rows). Builds the
+        replay buffer and the training env's collector (seeded from the run's ``env`` stream); a checkpointed
+        state restored before this is applied here."""
+        if iterations < 0 or env_steps < 0:
+            raise ValueError(f"a loop needs iterations, env_steps >= 0, got {iterations}, {env_steps}")
+        if self.env is None:
+            raise RuntimeError("RLDataModule.plan needs setup() first (the env's dimensions)")
+        self.total_iterations = int(iterations)
+        if self.collector is None:
+            self.online = ReplayBuffer(
+                self.obs_dim, self.act_dim, min(self.buffer_capacity, max(int(env_steps), 1))
+            )
+            self.collector = Collector(
+                self.env, self.online, derive_seed("env"), self.obs_scale, self.reward_scale
+            )
         if self._pending_state is not None:
             self.load_state_dict(self._pending_state)
 
-    def _load_offline(self, path: Path, seed: int, obs_dim: int, act_dim: int) -> dict[str, torch.Tensor]:
-        hp = self.hparams
+    def _load_offline(self, path: Path, obs_dim: int, act_dim: int) -> dict[str, torch.Tensor]:
+        scaling, demos = self.scaling, self.demos
         data = load_dataset(path)
-        if hp.iql_reward_norm:
+        # what identifies the content, whoever wrote the file: its arrays
+        record_artefact("data", fingerprint({k: torch.as_tensor(v) for k, v in data.items()}))
+        if scaling.iql_reward_norm:
             returns = episode_returns(data)
             if len(returns) < 2 or returns.max() == returns.min():
                 raise ValueError(
                     f"{path}: iql_reward_norm needs >= 2 complete episodes with different returns"
                 )
-            self.reward_scale = hp.reward_scale * 1000.0 / float(returns.max() - returns.min())
+            self.reward_scale = scaling.reward_scale * 1000.0 / float(returns.max() - returns.min())
         if data["observations"].shape[1] != obs_dim or data["actions"].shape[1] != act_dim:
             raise ValueError(
                 f"{path}: observation/action dims {data['observations'].shape[1]}/{data['actions'].shape[1]} "
-                f"do not match {hp.env_id} ({obs_dim}/{act_dim})"
+                f"do not match {self.env_id} ({obs_dim}/{act_dim})"
             )
         keep = np.ones(len(data["rewards"]), bool)
-        if hp.num_demos is not None:
-            keep &= data["episode"] < hp.num_demos
-        if hp.subsampling_rate > 1:  # GAIL/DAC convention: every n-th transition of each demo from an offset
-            offset = (
-                hp.subsampling_offset
-                if hp.subsampling_offset is not None
-                else int(np.random.default_rng(seed).integers(hp.subsampling_rate))
-            )
+        if demos.num_episodes is not None:
+            keep &= data["episode"] < demos.num_episodes
+        if (
+            demos.subsampling_rate > 1
+        ):  # GAIL/DAC convention: every n-th transition of each demo from an offset
+            offset = demos.subsampling_offset
+            if offset is None:
+                offset = int(
+                    np.random.default_rng(derive_seed("data.subsample")).integers(demos.subsampling_rate)
+                )
             first = np.r_[0, np.flatnonzero(np.diff(data["episode"])) + 1]
             pos = np.arange(len(keep)) - first[data["episode"]]
-            keep &= (pos % hp.subsampling_rate) == offset
+            keep &= (pos % demos.subsampling_rate) == offset
         if not keep.any():
             raise ValueError(
-                f"{path}: no transitions left after num_demos={hp.num_demos}, "
-                f"subsampling_rate={hp.subsampling_rate}"
+                f"{path}: no transitions left after demos.num_episodes={demos.num_episodes}, "
+                f"demos.subsampling_rate={demos.subsampling_rate}"
             )
         scale = self.obs_scale if self.obs_scale is not None else 1.0
         t = lambda k: torch.as_tensor(data[k][keep], dtype=torch.float32)  # noqa: E731
@@ -234,7 +282,7 @@ class RLDataModule(L.LightningDataModule):
 
     def sample_offline(self, n: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
         if self.offline is None:
-            raise RuntimeError("this run has no offline data set (dataset_level/dataset_path are None)")
+            raise RuntimeError("this run has no offline data set (offline.level and offline.path are None)")
         idx = torch.randint(0, self.offline_size, (n,))
         return {k: v[idx].to(device) for k, v in self.offline.items() if k != "episode"}
 
@@ -264,13 +312,19 @@ class RLDataModule(L.LightningDataModule):
         if every:
             self.cadences.add(int(every))
 
+    def end_chunk_at(self, iteration: int) -> None:
+        """No chunk crosses ``iteration`` (a method's phase switch: what runs between batches sees it)."""
+        if iteration > 0:
+            self.chunk_ends.add(int(iteration))
+
     def chunk_end(self, start: int) -> int:
         """The end (exclusive) of the chunk of iterations that starts at ``start``: ``start +
-        steps_per_batch``, cut at the end of the run, at the offline→online switch and at the next multiple
-        of each registered cadence."""
+        steps_per_batch``, cut at the end of the run, at each iteration given to ``end_chunk_at`` and at the
+        next multiple of each registered cadence."""
         stop = min(start + self.steps_per_batch, self.total_iterations)
-        if start < self.n_offline_steps:
-            stop = min(stop, self.n_offline_steps)
+        for end in self.chunk_ends:
+            if start < end:
+                stop = min(stop, end)
         for every in self.cadences:
             stop = min(stop, (start // every + 1) * every)
         return stop
@@ -295,7 +349,7 @@ class RLDataModule(L.LightningDataModule):
     def load_state_dict(self, state: dict) -> None:
         if not state:
             return
-        if self.collector is None:  # restored before setup: apply then
+        if self.collector is None:  # restored before the module's plan: applied there
             self._pending_state = state
             return
         self._pending_state = None

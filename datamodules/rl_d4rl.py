@@ -31,7 +31,8 @@ LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 
 def dataset_path(env_id: str, level: str, root: Path | None = None, seed: int | None = None) -> Path:
     """``<cache>/d4rl/<env>-<level>.hdf5``: where ``litlab data d4rl`` writes and the data module looks;
-    ``<env>-<level>-seed<k>.hdf5`` for a data set generated with seed ``k`` (one per card seed)."""
+    ``<env>-<level>-seed<k>.hdf5`` for a data set generated with seed ``k`` (a run's ``data`` stream: one set
+    per run seed)."""
     suffix = "" if seed is None else f"-seed{seed}"
     return (root or cache_dir() / "d4rl") / f"{env_id}-{level}{suffix}.hdf5"
 

@@ -6,7 +6,9 @@ download.
     litlab data d4rl --info path/to/file.hdf5                    # summary of any D4RL/Minari file
 
 Files go to ``$LITLAB_CACHE/d4rl/<env>-<level>.hdf5`` (default ``runs/cache``) unless ``--out`` is given; the
-``expert`` level also records the env's measured random/expert returns in ``ref_scores.json`` there.
+``expert`` level also records the env's measured random/expert returns in ``ref_scores.json`` there. That file is
+shared by every run that reads it (``offline.generate: false``), as a real D4RL set is; the pendulum toys instead
+draw one set per run seed (``offline.generate: true``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ def main(argv: list[str]) -> int:
         "--level", default="medium", choices=["random", "medium", "medium-replay", "expert", "medium-expert"]
     )
     d4rl.add_argument("--n", type=int, default=None, help="transitions (default 20000 toys, 100000 MuJoCo)")
-    d4rl.add_argument("--seed", type=int, default=0)
+    d4rl.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of this file's rollouts (a shared file: runs that generate their own data draw it per run seed)",
+    )
     d4rl.add_argument(
         "--policy",
         choices=["auto", "sac", "analytic"],

@@ -25,6 +25,12 @@ from litlab.lit_modules.rl.dare import (
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _run_seed_restored(monkeypatch):
+    """``seed_everything`` exports the run seed (``PL_GLOBAL_SEED``); each test gets back the one it found."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+
+
 # ---- alignment closed form -----------------------------------------------------------------
 def test_alignment_closed_form_and_k_average():
     torch.manual_seed(0)
@@ -156,35 +162,19 @@ def test_awr_term_gives_no_gradient_through_relaxed_rows():
 
 
 # ---- freezing ------------------------------------------------------------------------------
-def _fit(model, dm):
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-    )
-    trainer.fit(model, dm)
-    return trainer
-
-
 @pytest.mark.parametrize("behavior", ["gaussian", "diffusion"])
-def test_behaviour_model_frozen_online_while_actor_and_critic_learn(behavior):
-    from litlab.datamodules.rl import RLDataModule
+def test_behaviour_model_frozen_online_while_actor_and_critic_learn(behavior, quiet_trainer):
+    from litlab.datamodules.rl import OfflineData, RLDataModule, Scaling
 
     L.seed_everything(0, verbose=False)
     dm = RLDataModule(
         env_id="Pendulum-v1",
-        dataset_level="medium",
-        n_offline_steps=30,
-        n_online_steps=66,
-        obs_scale=[1.0, 1.0, 8.0],
-        reward_scale=0.1,
+        offline=OfflineData(level="medium"),
+        scaling=Scaling(obs_scale=(1.0, 1.0, 8.0), reward_scale=0.1),
     )
     model = DARE(
+        offline_steps=30,  # the phase switch is the method's: Stage B starts at iteration 30
+        online_steps=66,
         networks=Networks(hidden=(32, 32)),
         behavior_model=BehaviorModel(kind=behavior),
         optim=Optim(batch_offline=16, batch_online=16),
@@ -201,17 +191,11 @@ def test_behaviour_model_frozen_online_while_actor_and_critic_learn(behavior):
                     }
                 )
 
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[Snap()],
-    )
+    trainer = quiet_trainer(max_epochs=1, callbacks=[Snap()])
     trainer.fit(model, dm)
-    assert dm.iteration == 96 and dm.env_steps == 66 and len(model.mechanism) == 66 - 15
+    assert (
+        dm.iteration == dm.total_iterations == 96 and dm.env_steps == 66 and len(model.mechanism) == 66 - 15
+    )
     after = {name: getattr(model, name).state_dict() for name in ("behavior", "actor", "critic")}
     assert all(torch.equal(v, after["behavior"][k]) for k, v in snapshots["behavior"].items())
     assert not any(p.requires_grad for p in model.behavior.parameters()) and not model.behavior.training
@@ -226,6 +210,32 @@ def test_bad_arguments_are_named():
         DARE(behavior_model=BehaviorModel(energy_guidance=True))
     with pytest.raises(ValueError, match="exchange_tau"):
         DARE(relaxation=Relaxation(exchange_tau=1.5))
+    with pytest.raises(ValueError, match="step counts"):
+        DARE(offline_steps=-1)
+    with pytest.raises(ValueError, match="unknown keys"):
+        DARE(relaxation={"exchange_tau": 0.5, "tau": 0.5})  # a mapping (LightningCLI, hparams) is checked
+
+
+def test_networks_and_behaviour_model_draw_from_their_own_streams(monkeypatch):
+    """Actor/critic/value come from the run's ``init`` stream and the behaviour model from ``behavior``
+    (``derive_seed``): the same run seed builds the same nets whatever torch's global generator holds, another
+    seed other nets, and building leaves the global generator (the learner's stream) where it was."""
+    from litlab.lit_modules.core.seeding import reset_ledger, seed_ledger
+
+    def build(seed, global_draws):
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(seed))
+        reset_ledger(seed)
+        torch.manual_seed(123)
+        torch.rand(global_draws)
+        before = torch.get_rng_state()
+        model = DARE(networks=Networks(hidden=(8, 8)), obs_dim=3, act_dim=1)
+        assert torch.equal(torch.get_rng_state(), before)
+        return model.state_dict(), seed_ledger()["components"]
+
+    (a, ledger_a), (b, _), (c, ledger_c) = build(0, 1), build(0, 7), build(1, 1)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["actor.net.0.weight"], c["actor.net.0.weight"])
+    assert set(ledger_a) == {"init", "behavior"} and ledger_a["init"] != ledger_c["init"]
 
 
 # ---- mechanism, effect (LowTorquePendulum-v0, minutes) ----------------------------------------

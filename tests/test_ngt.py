@@ -24,41 +24,43 @@ ROOT = Path(__file__).resolve().parent.parent
 GAIN = math.sqrt(2 / (1 + 0.2**2))
 
 
+@pytest.fixture(autouse=True)
+def _run_seed_restored(monkeypatch):
+    """``seed_everything`` exports the run seed (``PL_GLOBAL_SEED``); each test gets back the one it found."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+
+
 def _linears(net):
     return [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
 
 
 # ---- frozen prior ----------------------------------------------------------------------------
-def test_prior_frozen_predictor_trained_over_200_iterations():
-    from litlab.datamodules.rl import RLDataModule
+def _demo_data(**kw):
+    from litlab.datamodules.rl import DemoSelection, OfflineData, RLDataModule
+
+    return RLDataModule(
+        env_id="Pendulum-v1",
+        offline=OfflineData(level="expert"),
+        demos=DemoSelection(num_episodes=1, subsampling_rate=10, subsampling_offset=3),
+        **kw,
+    )
+
+
+def test_prior_frozen_predictor_trained_over_200_iterations(quiet_trainer):
+    from litlab.datamodules.rl import Scaling
 
     L.seed_everything(1, verbose=False)
-    dm = RLDataModule(
-        env_id="Pendulum-v1",
-        dataset_level="expert",
-        num_demos=1,
-        subsampling_rate=10,
-        subsampling_offset=3,
-        n_online_steps=250,
-        obs_scale=[1.0, 1.0, 8.0],
-    )
+    dm = _demo_data(scaling=Scaling(obs_scale=(1.0, 1.0, 8.0)))
     model = NGT(
         reward_model=RewardModel(hidden=(32, 32), out_emb_dim=16, lr=1e-3),
         sac=SACSettings(hidden=(32, 32)),
-        schedule=Schedule(batch_size=32, expert_batch_size=32, learning_starts=50),
+        schedule=Schedule(env_steps=250, batch_size=32, expert_batch_size=32, learning_starts=50),
     )
     dm.setup("fit")
     model.build(dm.obs_dim, dm.act_dim)
     prior0 = {k: v.clone() for k, v in model.reward_net.prior.named_parameters()}
     pred0 = {k: v.clone() for k, v in model.reward_net.predictor.named_parameters()}
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=1)
     trainer.fit(model, dm)
     assert dm.env_steps == 250  # 200 learning iterations after 50 random steps
     for k, v in model.reward_net.prior.named_parameters():
@@ -275,30 +277,64 @@ def test_effect_ngt_expert_level_and_above_red_from_20_transitions(tmp_path):
     assert mean["ngt"] >= mean["red"] + 0.1, mean
 
 
-def test_running_obs_normaliser_path_and_state_only_input():
+def test_running_obs_normaliser_path_and_state_only_input(quiet_trainer):
     """Full-scale configs use ``obs_norm`` (shared running mean/std) and the ``ss`` variant uses x = [s;
     s']."""
-    from litlab.datamodules.rl import RLDataModule
-
     L.seed_everything(1, verbose=False)
-    dm = RLDataModule(
-        env_id="Pendulum-v1", dataset_level="expert", num_demos=1, subsampling_rate=10, n_online_steps=60
-    )
+    dm = _demo_data()
     model = NGT(
         reward_model=RewardModel(input_mode="ss", hidden=(16, 16), out_emb_dim=8),
         sac=SACSettings(hidden=(16, 16), obs_norm=True),
-        schedule=Schedule(batch_size=16, expert_batch_size=16, learning_starts=30),
+        schedule=Schedule(env_steps=60, batch_size=16, expert_batch_size=16, learning_starts=30),
     )
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=1)
     trainer.fit(model, dm)
     assert model.obs_rms.count.item() == pytest.approx(60, abs=1e-3)
     obs = dm.online.data["obs"][:60].double()
     assert torch.allclose(model.obs_rms.mean, obs.mean(0), atol=1e-4)
     assert model.reward_net.predictor[0].in_features == 6  # [s; s'] for Pendulum
+
+
+# ---- one run seed: every random part of a run draws its own named stream -------------------------
+def test_prior_is_drawn_from_its_own_stream():
+    """``prior_seed`` fixes the frozen prior f† whatever torch's global generator holds; the predictor still
+    comes from the global one (NGT: the run's ``init`` stream)."""
+    nets = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        nets.append(RandomPriorPotential(6, hidden=(16, 16), out_dim=8, prior_seed=11))
+    prior = [dict(n.prior.named_parameters()) for n in nets]
+    assert all(torch.equal(prior[0][k], prior[1][k]) for k in prior[0])
+    predictor = [n.predictor[0].parametrizations.weight.original for n in nets]
+    assert not torch.equal(predictor[0], predictor[1])
+
+
+def test_a_fit_draws_data_env_eval_init_and_prior_from_the_run_seed(quiet_trainer, monkeypatch, tmp_path):
+    """The seed ledger of a tiny NGT fit: the demo (``data``, with its fingerprint), the training env, the
+    evaluation episodes, the nets and the random prior each have their own stream; the same run seed gives the
+    same ledger and the same run, another seed another of each."""
+    from litlab.callbacks.rl_eval import RLEvalCallback
+    from litlab.lit_modules.core.seeding import reset_ledger, seed_ledger
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path))
+
+    def fit(seed):
+        L.seed_everything(seed, verbose=False)
+        reset_ledger(seed)
+        dm = _demo_data()
+        model = NGT(
+            reward_model=RewardModel(hidden=(8, 8), out_emb_dim=4),
+            sac=SACSettings(hidden=(8, 8)),
+            schedule=Schedule(env_steps=30, batch_size=8, expert_batch_size=8, learning_starts=10),
+        )
+        callback = RLEvalCallback(every_n_iterations=30, n_episodes=1, checkpoint_every_n_iterations=None)
+        quiet_trainer(max_epochs=1, callbacks=[callback]).fit(model, dm)
+        return seed_ledger(), callback.history[-1]["eval/return"], model.reward_net.prior[0].weight.clone()
+
+    (ledger0, ret0, prior0), (again, ret_again, prior_again), (ledger1, _, prior1) = fit(0), fit(0), fit(1)
+    assert set(ledger0["components"]) == {"data", "env", "eval", "init", "prior"}
+    assert set(ledger0["artefacts"]) == {"data"}
+    assert ledger0 == again and ret0 == ret_again and torch.equal(prior0, prior_again)
+    for kind in ("components", "artefacts"):
+        assert all(ledger0[kind][k] != ledger1[kind][k] for k in ledger0[kind]), kind
+    assert not torch.equal(prior0, prior1)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from litlab.datamodules.rl import DemoSelection, OfflineData, RLDataModule, Scaling
 from litlab.datamodules.rl_d4rl import episode_returns, load_dataset, read_metadata, write_d4rl
 from litlab.datamodules.rl_datasets import pendulum_swingup
 from litlab.datamodules.rl_env import Collector, evaluate, make_env
@@ -17,6 +18,14 @@ from litlab.lit_modules.core.errors import EnvUnavailableError
 from litlab.lit_modules.rl.factory import make_dataset
 from litlab.lit_modules.rl.nets import TanhGaussianActor
 from litlab.lit_modules.rl.scores import D4RL_REF_SCORES, normalized_score, ref_returns
+
+NO_OFFLINE_DATA = OfflineData(level=None)
+
+
+@pytest.fixture(autouse=True)
+def _run_seed_restored(monkeypatch):
+    """``seed_everything`` exports the run seed (``PL_GLOBAL_SEED``); each test gets back the one it found."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
 
 
 def test_replay_ring_and_weights_only_state_dict():
@@ -186,23 +195,42 @@ def test_pendulum_array_is_pendulum_v1_per_pendulum():
     assert math.isclose(three.step(u)[1], float(np.mean(rewards)), rel_tol=1e-9)
 
 
-def test_generated_data_set_follows_dataset_seed(monkeypatch, tmp_path):
-    from litlab.datamodules.rl import RLDataModule
+def test_generated_data_set_follows_the_run_seed_and_is_in_the_ledger(monkeypatch, tmp_path):
+    """A generated set is drawn from the run's ``data`` stream (one file per run seed, reused by every run of
+    that seed) and recorded as the artefact ``data``; a shared file (``generate: false``) is the same for every
+    run seed, and its fingerprint says so."""
+    import lightning as L
+
+    from litlab.lit_modules.core.seeding import derive_seed, reset_ledger, seed_ledger
 
     monkeypatch.setenv("LITLAB_CACHE", str(tmp_path))
-    obs = {}
-    for seed in (None, 0, 1):
-        dm = RLDataModule(
-            env_id="LowTorquePendulum-v0", dataset_level="medium", dataset_size=400, dataset_seed=seed
-        )
+    obs, ledgers = {}, {}
+    for run, seed in (("a", 0), ("b", 0), ("c", 1)):
+        L.seed_everything(seed, verbose=False)
+        reset_ledger(seed)
+        dm = RLDataModule(env_id="LowTorquePendulum-v0", offline=OfflineData(level="medium", size=400))
         dm.setup("fit")
-        obs[seed] = dm.offline["obs"]
-    assert sorted(p.name for p in (tmp_path / "d4rl").glob("*.hdf5")) == [
-        "LowTorquePendulum-v0-medium-seed0.hdf5",
-        "LowTorquePendulum-v0-medium-seed1.hdf5",
-        "LowTorquePendulum-v0-medium.hdf5",
-    ]
-    assert torch.equal(obs[None], obs[0]) and not torch.equal(obs[0], obs[1])
+        obs[run], ledgers[run] = dm.offline["obs"], seed_ledger()
+        assert ledgers[run]["components"]["data"] == derive_seed("data") == dm.data_seed
+    assert sorted(p.name for p in (tmp_path / "d4rl").glob("*.hdf5")) == sorted(
+        f"LowTorquePendulum-v0-medium-seed{ledgers[run]['components']['data']}.hdf5" for run in "ac"
+    )
+    assert torch.equal(obs["a"], obs["b"]) and not torch.equal(obs["a"], obs["c"])
+    assert (
+        ledgers["a"] == ledgers["b"]
+        and ledgers["a"]["artefacts"]["data"] != ledgers["c"]["artefacts"]["data"]
+    )
+
+    make_dataset("LowTorquePendulum-v0", "medium", n_transitions=300, seed=5, log=lambda *a: None)
+    shared = {}
+    for seed in (0, 1):
+        L.seed_everything(seed, verbose=False)
+        reset_ledger(seed)
+        dm = RLDataModule(env_id="LowTorquePendulum-v0", offline=OfflineData(level="medium", generate=False))
+        dm.setup("fit")
+        assert dm.offline_size == 300 and "data" not in seed_ledger()["components"]
+        shared[seed] = seed_ledger()["artefacts"]["data"]
+    assert shared[0] == shared[1]  # the same file for every seed: a card must declare data shared
 
 
 def test_mujoco_env_builds_or_says_how_to_install():
@@ -217,20 +245,15 @@ def test_mujoco_env_builds_or_says_how_to_install():
 
 
 def test_datamodule_subsamples_20_expert_transitions():
-    from litlab.datamodules.rl import RLDataModule
-
     dm = RLDataModule(
         env_id="Pendulum-v1",
-        dataset_level="expert",
-        num_demos=1,
-        subsampling_rate=10,
-        subsampling_offset=3,
-        n_online_steps=10,
-        obs_scale=[1.0, 1.0, 8.0],
-        env_seed=0,
+        offline=OfflineData(level="expert"),
+        demos=DemoSelection(num_episodes=1, subsampling_rate=10, subsampling_offset=3),
+        scaling=Scaling(obs_scale=(1.0, 1.0, 8.0)),
     )
     dm.setup("fit")
-    assert dm.offline_size == 20
+    dm.plan(10, env_steps=10)
+    assert dm.offline_size == 20 and dm.online.capacity == 10
     assert torch.equal(dm.offline["episode"], torch.zeros(20, dtype=torch.long))
     assert dm.offline["obs"][:, 2].abs().max() <= 1.0  # scaled by obs_scale
     dm.collect(None)
@@ -240,17 +263,18 @@ def test_datamodule_subsamples_20_expert_transitions():
 
 
 def test_missing_full_scale_dataset_fails_at_once(tmp_path):
-    from litlab.datamodules.rl import RLDataModule
     from litlab.lit_modules.core.errors import DatasetUnavailableError
 
     with pytest.raises(
         DatasetUnavailableError, match="litlab data d4rl --env Pendulum-v1 --level medium-expert"
     ):
-        RLDataModule(env_id="Pendulum-v1", dataset_level="medium-expert", generate_dataset=False)
+        RLDataModule(env_id="Pendulum-v1", offline=OfflineData(level="medium-expert", generate=False))
     with pytest.raises(DatasetUnavailableError, match="does not exist"):
-        RLDataModule(env_id="Pendulum-v1", dataset_path=str(tmp_path / "nope.hdf5"))
-    with pytest.raises(ValueError, match="dataset_level"):
-        RLDataModule(env_id="Pendulum-v1", dataset_level="mediocre")
+        RLDataModule(env_id="Pendulum-v1", offline=OfflineData(path=str(tmp_path / "nope.hdf5")))
+    with pytest.raises(ValueError, match="offline.level"):
+        RLDataModule(env_id="Pendulum-v1", offline={"level": "mediocre"})
+    with pytest.raises(ValueError, match="unknown keys .'dataset_seed'."):
+        RLDataModule(env_id="Pendulum-v1", offline={"level": "medium", "dataset_seed": 3})
 
 
 def test_litlab_data_d4rl_command(tmp_path, capsys):
@@ -290,19 +314,6 @@ def test_sac_route_of_the_data_factory(tmp_path):
     assert "SAC" in read_metadata(path)["algorithm"]
 
 
-def quiet_trainer():
-    import lightning as L
-
-    return L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-
-
 def test_replay_last_row_is_the_latest_add():
     buf = ReplayBuffer(2, 1, capacity=3)
     with pytest.raises(RuntimeError, match="empty"):
@@ -312,8 +323,7 @@ def test_replay_last_row_is_the_latest_add():
     assert buf.last()["obs"].tolist() == [4.0, -4.0] and buf.last()["rew"].item() == 4.0
 
 
-def test_rl_data_contract_names_the_class_and_the_missing_member():
-    from litlab.datamodules.rl import RLDataModule
+def test_rl_data_contract_names_the_class_and_the_missing_member(quiet_trainer):
     from litlab.lit_modules.core.errors import ContractError
     from litlab.lit_modules.rl.contract import check_rl_data
     from litlab.lit_modules.rl.ngt import BehaviorCloning
@@ -323,20 +333,21 @@ def test_rl_data_contract_names_the_class_and_the_missing_member():
 
     with pytest.raises(ContractError, match=r"HalfData lacks 'obs_scale', which DARE needs"):
         check_rl_data(HalfData(), needs_offline=True, user="DARE")
-    online_only = RLDataModule(env_id="Pendulum-v1", dataset_level=None, n_offline_steps=3, n_online_steps=0)
+    online_only = RLDataModule(env_id="Pendulum-v1", offline=NO_OFFLINE_DATA)
     online_only.setup("fit")
     check_rl_data(online_only, needs_offline=False, user="OnlineSAC")
     with pytest.raises(ContractError, match="RLDataModule holds no offline data"):
         check_rl_data(online_only, needs_offline=True, user="BehaviorCloning")
-    trainer = quiet_trainer()
+    trainer = quiet_trainer(max_epochs=1)
     with pytest.raises(ContractError, match="BehaviorCloning needs some"):
-        trainer.fit(BehaviorCloning(hidden=(8, 8)), online_only)
+        trainer.fit(BehaviorCloning(hidden=(8, 8), steps=3), online_only)
 
 
 def test_chunks_end_at_the_phase_switch_the_end_and_every_cadence():
-    from litlab.datamodules.rl import RLDataModule
-
-    dm = RLDataModule(env_id="Pendulum-v1", dataset_level=None, n_offline_steps=10, n_online_steps=45)
+    dm = RLDataModule(env_id="Pendulum-v1", offline=NO_OFFLINE_DATA)
+    dm.setup("fit")
+    dm.plan(55, env_steps=45)  # a module's loop: 10 offline iterations, then 45 env steps
+    dm.end_chunk_at(10)
     dm.set_steps_per_batch(8)
     dm.align_to(25)
     dm.align_to(None)
@@ -351,7 +362,7 @@ def test_chunks_end_at_the_phase_switch_the_end_and_every_cadence():
 
 
 @pytest.mark.parametrize("module", ["dare", pytest.param("ngt", marks=pytest.mark.slow)])
-def test_steps_per_batch_changes_no_number_and_no_logging_step(module, tmp_path):
+def test_steps_per_batch_changes_no_number_and_no_logging_step(module, tmp_path, quiet_trainer):
     """Several iterations per training_step (and one backward for disjoint losses) give bit for bit the
     weights, optimiser states, data-module state and logged (metric, step) entries of one iteration per
     step, with evaluation and checkpoint cadences that are not multiples of steps_per_batch."""
@@ -361,16 +372,15 @@ def test_steps_per_batch_changes_no_number_and_no_logging_step(module, tmp_path)
     from lightning.pytorch.loggers import CSVLogger
 
     from litlab.callbacks.rl_eval import RLEvalCallback
-    from litlab.datamodules.rl import RLDataModule
     from litlab.lit_modules.rl import dare, ngt
 
     def run(k: int, log_every_n_steps: int):
         L.seed_everything(0, verbose=False)
         if module == "dare":
-            dm = RLDataModule(
-                env_id="Pendulum-v1", dataset_level="medium", n_offline_steps=12, n_online_steps=20
-            )
+            dm = RLDataModule(env_id="Pendulum-v1", offline=OfflineData(level="medium"))
             model = dare.DARE(
+                offline_steps=12,
+                online_steps=20,
                 networks=dare.Networks(hidden=(8, 8)),
                 optim=dare.Optim(batch_offline=8, batch_online=8),
                 log_every=10,
@@ -379,27 +389,21 @@ def test_steps_per_batch_changes_no_number_and_no_logging_step(module, tmp_path)
         else:
             dm = RLDataModule(
                 env_id="Pendulum-v1",
-                dataset_level="expert",
-                num_demos=1,
-                subsampling_rate=10,
-                n_online_steps=50,
+                offline=OfflineData(level="expert"),
+                demos=DemoSelection(num_episodes=1, subsampling_rate=10),
             )
             model = ngt.NGT(
                 reward_model=ngt.RewardModel(hidden=(8, 8), out_emb_dim=4),
                 sac=ngt.SACSettings(hidden=(8, 8)),
-                schedule=ngt.Schedule(batch_size=8, expert_batch_size=8, learning_starts=10),
+                schedule=ngt.Schedule(env_steps=50, batch_size=8, expert_batch_size=8, learning_starts=10),
                 log_every=10,
                 steps_per_batch=k,
             )
         out = tmp_path / f"k{k}"
-        trainer = L.Trainer(
+        trainer = quiet_trainer(
             max_epochs=1,
-            accelerator="cpu",
             logger=CSVLogger(out, name="", version=""),
             log_every_n_steps=log_every_n_steps,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
             callbacks=[
                 RLEvalCallback(every_n_iterations=15, n_episodes=1, checkpoint_every_n_iterations=None)
             ],
@@ -433,14 +437,13 @@ def test_steps_per_batch_changes_no_number_and_no_logging_step(module, tmp_path)
 
 
 def test_missing_data_set_without_an_analytic_route_names_the_command(tmp_path, monkeypatch):
-    from litlab.datamodules.rl import RLDataModule
     from litlab.lit_modules.core.errors import DatasetUnavailableError
 
     monkeypatch.setenv("LITLAB_CACHE", str(tmp_path))
     with pytest.raises(
         DatasetUnavailableError, match="litlab data d4rl --env MountainCarContinuous-v0 --level medium"
     ):
-        RLDataModule(env_id="MountainCarContinuous-v0", dataset_level="medium", generate_dataset=True)
+        RLDataModule(env_id="MountainCarContinuous-v0", offline=OfflineData(level="medium", generate=True))
 
 
 def test_litlab_bench_rl_loop_entry_point(capsys):
@@ -455,8 +458,16 @@ def test_eval_callback_names_a_module_without_act():
     from litlab.lit_modules.core.errors import ContractError
     from litlab.lit_modules.rl.contract import check_acting_module
 
-    class NoPolicy:
-        pass
+    class NoPhases:
+        def act(self, obs, deterministic=False):
+            return obs
 
+    class NoPolicy:
+        offline_iterations = 0
+
+    with pytest.raises(
+        ContractError, match="NoPhases lacks 'offline_iterations', which RLEvalCallback needs"
+    ):
+        check_acting_module(NoPhases(), user="RLEvalCallback")
     with pytest.raises(ContractError, match="NoPolicy lacks 'act', which RLEvalCallback needs"):
         check_acting_module(NoPolicy(), user="RLEvalCallback")

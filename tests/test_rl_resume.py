@@ -17,8 +17,8 @@ OFFLINE, ONLINE = 100, 500
 ARGS = [
     "fit",
     f"--config={ROOT / 'configs/dare/quick.yaml'}",
-    f"--data.init_args.n_offline_steps={OFFLINE}",
-    f"--data.init_args.n_online_steps={ONLINE}",
+    f"--model.init_args.offline_steps={OFFLINE}",
+    f"--model.init_args.online_steps={ONLINE}",
     "--model.init_args.networks.hidden=[32, 32]",
     "--model.init_args.optim.batch_offline=32",
     "--model.init_args.optim.batch_online=32",

@@ -73,12 +73,14 @@ class RLData(Protocol):
     """The datamodule of an RL run, as the family's modules and ``RLEvalCallback`` use it (after its
     ``setup``).
 
-    The loop is driven by a loader of iteration indices in ``0 .. total_iterations − 1``: iterations below
-    ``n_offline_steps`` are offline (no env step), the rest online. Each index the loader yields starts a chunk
-    of up to ``steps_per_batch`` iterations (``chunk(idx)``) that the module runs in one ``training_step``; a
-    chunk ends at every multiple of a cadence given to ``align_to`` (the module's logging cadence, the
-    callback's evaluation and checkpoint cadences). The module steps the training env itself (``collect``) and
-    calls ``finish_iteration(idx)`` when an iteration is done; ``iteration`` is that counter.
+    The data side serves data; the method owns its loop. In its ``setup`` a module ``plan``s the loop (how
+    many iterations, how many of them step the env) and marks its phase switch with ``end_chunk_at``; the
+    loader then yields iteration indices in ``0 .. total_iterations − 1``. Each index starts a chunk of up to
+    ``steps_per_batch`` iterations (``chunk(idx)``) that the module runs in one ``training_step``; a chunk ends
+    at every iteration given to ``end_chunk_at`` and at every multiple of a cadence given to ``align_to`` (the
+    module's logging cadence, the callback's evaluation and checkpoint cadences). The module steps the training
+    env itself (``collect``) and calls ``finish_iteration(idx)`` when an iteration is done; ``iteration`` is
+    that counter.
     """
 
     # the env and its spaces
@@ -90,8 +92,11 @@ class RLData(Protocol):
     @property
     def env_kwargs(self) -> dict[str, Any]: ...  # extra gymnasium.make arguments, for evaluation envs too
 
-    # the loop's counters
-    n_offline_steps: int
+    # the loop, as the module plans it, and its counters
+    def plan(self, iterations: int, env_steps: int) -> None: ...  # builds the replay buffer and collector
+
+    def end_chunk_at(self, iteration: int) -> None: ...  # no chunk crosses it (a phase switch)
+
     total_iterations: int
     iteration: int
 
@@ -134,7 +139,11 @@ class RLData(Protocol):
 
 class ActingModule(Protocol):
     """What ``RLEvalCallback`` needs from the LightningModule: its policy, on observations as the datamodule
-    scales them (``obs [B, d_s] -> action [B, d_a]`` in [−1, 1]; deterministic = the mode)."""
+    scales them (``obs [B, d_s] -> action [B, d_a]`` in [−1, 1]; deterministic = the mode), and where its
+    offline phase ends (``offline_iterations``: the first online iteration; 0: no offline phase; the loop's
+    length for an offline-only method)."""
+
+    offline_iterations: int
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor: ...
 
@@ -151,7 +160,7 @@ def check_rl_data(dm: object, needs_offline: bool, user: str) -> RLData:
     if needs_offline and dm.offline_size == 0:
         raise ContractError(
             f"{type(dm).__qualname__} holds no offline data (offline_size == 0) and {user} needs some: set "
-            "data.init_args.dataset_level or data.init_args.dataset_path"
+            "data.init_args.offline.level or data.init_args.offline.path"
         )
     return dm  # type: ignore[return-value]
 

@@ -32,10 +32,10 @@ from typing import Literal
 
 import torch
 
-from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.rl import iql
 from litlab.lit_modules.rl.behavior import DiffusionBehavior, GaussianBehavior
-from litlab.lit_modules.rl.module import RLModule, adam
+from litlab.lit_modules.rl.module import RLModule, adam, drawn_from
 from litlab.lit_modules.rl.nets import TanhGaussianActor, TwinCritic, ValueNet
 from litlab.lit_modules.rl.sac import actor_loss_per_sample, polyak_update
 
@@ -176,6 +176,8 @@ class DARE(RLModule):
         self,
         base_algo: Literal["iql"] = "iql",
         mask_mode: Literal["dare", "constrained", "origin"] = "dare",
+        offline_steps: int = 1_000_000,
+        online_steps: int = 250_000,
         networks: Networks = NETWORKS,
         behavior_model: BehaviorModel = BEHAVIOR_MODEL,
         relaxation: Relaxation = RELAXATION,
@@ -186,16 +188,22 @@ class DARE(RLModule):
         obs_dim: int | None = None,
         act_dim: int | None = None,
     ):
-        """``mask_mode`` picks DARE or one of its two baselines; ``log_every``: iterations between training
-        logs; ``steps_per_batch``: iterations (env steps online, each with its updates) per
+        """``mask_mode`` picks DARE or one of its two baselines; ``offline_steps``: Stage A, IQL gradient steps
+        on the offline data (the behaviour model is fitted alongside); ``online_steps``: Stage B, env steps,
+        each with one gradient step on a mixed batch; ``log_every``: iterations between training logs; ``steps_per_batch``: iterations (env steps online, each with its updates) per
         ``training_step`` (``RLModule.training_step``; the numbers do not depend on it); ``obs_dim``/``act_dim``
         default to the datamodule's env (the networks are then built in ``setup``)."""
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
-        # the groups as given (hparams holds them as LightningCLI's plain mappings)
-        self.networks, self.behavior_model, self.relaxation = networks, behavior_model, relaxation
-        self.iql, self.optim = iql, optim
+        self.networks = as_config(Networks, networks, "DARE.networks")
+        self.behavior_model = as_config(BehaviorModel, behavior_model, "DARE.behavior_model")
+        self.relaxation = as_config(Relaxation, relaxation, "DARE.relaxation")
+        self.iql, self.optim = as_config(IQLSettings, iql, "DARE.iql"), as_config(Optim, optim, "DARE.optim")
+        if offline_steps < 0 or online_steps < 0:
+            raise ValueError(f"step counts must be >= 0, got {offline_steps} offline, {online_steps} online")
+        self.offline_iterations, self.online_iterations = int(offline_steps), int(online_steps)
+        behavior_model, relaxation = self.behavior_model, self.relaxation
         if base_algo != "iql":
             raise ValueError(
                 f"base_algo={base_algo!r}: only 'iql' is implemented (Cal-QL and TD3+BC are not yet)"
@@ -219,15 +227,17 @@ class DARE(RLModule):
 
     def build(self, obs_dim: int, act_dim: int) -> None:
         h, layer_norm, bm = list(self.networks.hidden), self.networks.critic_layer_norm, self.behavior_model
-        self.actor = TanhGaussianActor(obs_dim, act_dim, h)
-        self.critic = TwinCritic(obs_dim, act_dim, h, layer_norm=layer_norm)
-        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
-        self.value = ValueNet(obs_dim, h, layer_norm=layer_norm)
-        self.behavior = (
-            GaussianBehavior(obs_dim, act_dim, h)
-            if bm.kind == "gaussian"
-            else DiffusionBehavior(obs_dim, act_dim, [*h, h[-1]], n_steps=bm.diffusion_steps)
-        )
+        with drawn_from("init"):
+            self.actor = TanhGaussianActor(obs_dim, act_dim, h)
+            self.critic = TwinCritic(obs_dim, act_dim, h, layer_norm=layer_norm)
+            self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+            self.value = ValueNet(obs_dim, h, layer_norm=layer_norm)
+        with drawn_from("behavior"):
+            self.behavior = (
+                GaussianBehavior(obs_dim, act_dim, h)
+                if bm.kind == "gaussian"
+                else DiffusionBehavior(obs_dim, act_dim, [*h, h[-1]], n_steps=bm.diffusion_steps)
+            )
         self.register_buffer("gauss_fits", torch.zeros(4))
         self.dims = (obs_dim, act_dim)
 
@@ -326,7 +336,7 @@ class DARE(RLModule):
     def run_iteration(self, idx: int) -> None:
         hp, dm = self.hparams, self.data
         n_off, n_on = self.optim.batch_offline, self.optim.batch_online
-        online = idx >= dm.n_offline_steps
+        online = idx >= self.offline_iterations  # Stage A below it, Stage B from it
         if online and not self.online_phase:
             self.start_online_phase()
         if online:  # step 1

@@ -1,27 +1,45 @@
 """``RLModule``: what the family's LightningModules share — the datamodule read through the ``RLData``
-contract (checked once in ``setup``), networks built once for the env's dimensions, the loop's chunks (several
-iterations per ``training_step``) and optimiser steps whose losses share one backward pass."""
+contract (checked once in ``setup``), the method's loop planned on it (its length and phase switch are the
+method's, not the data's), networks built once for the env's dimensions, each from its own named random
+stream, the loop's chunks (several iterations per ``training_step``) and optimiser steps whose losses share one
+backward pass."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import lightning as L
 import torch
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.utilities import rank_zero_warn
 
+from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.rl.contract import RLData, check_rl_data
+
+
+@contextlib.contextmanager
+def drawn_from(component: str) -> Iterator[None]:
+    """Networks built inside draw their initial weights from the run's ``component`` stream
+    (``derive_seed``), and leave torch's global generator (the learner's minibatches and action noise) as it
+    was: a change to one network's size or init does not move any other stream."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(component))
+        yield
 
 
 class RLModule(L.LightningModule):
     """Subclasses implement ``build(obs_dim, act_dim)`` (which sets ``self.dims``) and call it from
-    ``__init__`` when both dims are given; otherwise ``setup`` builds for the datamodule's env."""
+    ``__init__`` when both dims are given; otherwise ``setup`` builds for the datamodule's env. Their
+    constructors set the loop's budget: ``offline_iterations`` gradient steps on the offline data, then
+    ``online_iterations`` env steps (each with its updates)."""
 
     needs_offline: bool = True  # the module samples the offline data set
     dims: tuple[int, int] | None = None  # (obs_dim, act_dim) once the networks are built
+    offline_iterations: int = 0  # the first online iteration (the phase switch); 0: no offline phase
+    online_iterations: int = 0  # env steps; 0: an offline-only method
 
     def build(self, obs_dim: int, act_dim: int) -> None:
         raise NotImplementedError
@@ -99,6 +117,8 @@ class RLModule(L.LightningModule):
                 f"{name} was built for (obs_dim, act_dim) = {self.dims}; the datamodule's {dm.env_id} has "
                 f"{(dm.obs_dim, dm.act_dim)}"
             )
+        dm.plan(self.offline_iterations + self.online_iterations, env_steps=self.online_iterations)
+        dm.end_chunk_at(self.offline_iterations)  # the phase switch runs between two batches
         dm.set_steps_per_batch(self.steps_per_batch)
         dm.align_to(self.hparams.get("log_every"))  # a chunk ends at each logging point
         if self.steps_per_batch > 1 and self.trainer.log_every_n_steps != 1:

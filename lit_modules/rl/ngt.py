@@ -21,8 +21,9 @@ from typing import Literal
 
 import torch
 
-from litlab.lit_modules.core.config import config_part
-from litlab.lit_modules.rl.module import RLModule, adam
+from litlab.lit_modules.core.config import as_config, config_part
+from litlab.lit_modules.core.seeding import derive_seed
+from litlab.lit_modules.rl.module import RLModule, adam, drawn_from
 from litlab.lit_modules.rl.nets import RunningNorm, TanhGaussianActor, TwinCritic
 from litlab.lit_modules.rl.random_prior import RandomPriorPotential, RewardShaper
 from litlab.lit_modules.rl.sac import actor_loss_per_sample, critic_loss, polyak_update, temperature_loss
@@ -68,9 +69,11 @@ class SACSettings:
 
 @config_part
 class Schedule:
-    """Agent rows per batch, expert rows per reward step (at most the expert set's size), and the
-    uniform-random env steps before learning starts."""
+    """The run's env steps (each with one update of every net once learning has started), agent rows per
+    batch, expert rows per reward step (at most the expert set's size), and the uniform-random env steps before
+    learning starts."""
 
+    env_steps: int = 1_000_000
     batch_size: int = 256
     expert_batch_size: int = 256
     learning_starts: int = 2500
@@ -97,30 +100,36 @@ class NGT(RLModule):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
-        # the groups as given (hparams holds them as LightningCLI's plain mappings)
-        self.reward_model, self.sac, self.schedule = reward_model, sac, schedule
+        self.reward_model = as_config(RewardModel, reward_model, "NGT.reward_model")
+        self.sac = as_config(SACSettings, sac, "NGT.sac")
+        self.schedule = as_config(Schedule, schedule, "NGT.schedule")
         if adv_scale < 0:
             raise ValueError(f"adv_scale must be >= 0, got {adv_scale}")
+        if self.schedule.env_steps < 0:
+            raise ValueError(f"schedule.env_steps must be >= 0, got {self.schedule.env_steps}")
+        self.online_iterations = self.schedule.env_steps  # no offline phase: the demos are only sampled
         if obs_dim is not None and act_dim is not None:
             self.build(obs_dim, act_dim)
 
     def build(self, obs_dim: int, act_dim: int) -> None:
         rw, sac = self.reward_model, self.sac
         in_dim = obs_dim + (act_dim if rw.input_mode == "sa" else obs_dim)
-        self.reward_net = RandomPriorPotential(
-            in_dim,
-            list(rw.hidden),
-            rw.out_emb_dim,
-            rw.criterion,
-            rw.hlg_radius,
-            rw.hlg_bins,
-            prior_spectral_norm=rw.prior_spectral_norm,
-            predictor_spectral_norm=rw.predictor_spectral_norm,
-        )
+        with drawn_from("init"):  # the trainable nets; the frozen prior f† from its own stream
+            self.reward_net = RandomPriorPotential(
+                in_dim,
+                list(rw.hidden),
+                rw.out_emb_dim,
+                rw.criterion,
+                rw.hlg_radius,
+                rw.hlg_bins,
+                prior_spectral_norm=rw.prior_spectral_norm,
+                predictor_spectral_norm=rw.predictor_spectral_norm,
+                prior_seed=derive_seed("prior"),
+            )
+            sac_kw = dict(layer_norm=True, activation="silu", head_gain=1e-3)  # the code's SAC nets
+            self.actor = TanhGaussianActor(obs_dim, act_dim, list(sac.hidden), **sac_kw)
+            self.critic = TwinCritic(obs_dim, act_dim, list(sac.hidden), **sac_kw)
         self.shaper = RewardShaper(rw.shaping)
-        sac_kw = dict(layer_norm=True, activation="silu", head_gain=1e-3)  # the code's SAC nets
-        self.actor = TanhGaussianActor(obs_dim, act_dim, list(sac.hidden), **sac_kw)
-        self.critic = TwinCritic(obs_dim, act_dim, list(sac.hidden), **sac_kw)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.nn.Parameter(torch.tensor(float(sac.alpha_init)).log())
         self.obs_rms = RunningNorm(obs_dim) if sac.obs_norm else None
@@ -215,28 +224,33 @@ class NGT(RLModule):
 
 
 class BehaviorCloning(RLModule):
-    """The behaviour-cloning baseline of NGT (arXiv 2509.26294): maximum likelihood of the expert actions, one
-    step per loop iteration and one iteration per ``training_step`` (automatic optimisation); no env steps (the
-    data module's ``n_offline_steps`` sets the budget)."""
+    """The behaviour-cloning baseline of NGT (arXiv 2509.26294): maximum likelihood of the expert actions,
+    ``steps`` gradient steps on the offline data, one per loop iteration and one iteration per ``training_step``
+    (automatic optimisation); no env steps."""
 
     def __init__(
         self,
         hidden: tuple[int, ...] = (256, 256),
         lr: float = 1e-3,
         batch_size: int = 256,
+        steps: int = 2000,
         log_every: int = 50,
         obs_dim: int | None = None,
         act_dim: int | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
+        if steps < 0:
+            raise ValueError(f"steps must be >= 0, got {steps}")
+        self.offline_iterations = int(steps)  # offline only: the loop ends where its offline phase does
         if obs_dim is not None and act_dim is not None:
             self.build(obs_dim, act_dim)
 
     def build(self, obs_dim: int, act_dim: int) -> None:
-        self.actor = TanhGaussianActor(
-            obs_dim, act_dim, list(self.hparams.hidden), layer_norm=True, activation="silu"
-        )
+        with drawn_from("init"):
+            self.actor = TanhGaussianActor(
+                obs_dim, act_dim, list(self.hparams.hidden), layer_norm=True, activation="silu"
+            )
         self.dims = (obs_dim, act_dim)
 
     def configure_optimizers(self):

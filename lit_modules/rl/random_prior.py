@@ -49,16 +49,22 @@ class RandomPriorPotential(nn.Module):
         hlg_sigma_ratio: float = 1.5,
         prior_spectral_norm: bool = True,
         predictor_spectral_norm: bool = True,
+        prior_seed: int | None = None,
     ):
+        """``prior_seed``: the frozen prior f† is drawn from a generator seeded so (NGT passes the run's
+        ``prior`` stream), leaving torch's global generator to the predictor; None: both from the global one."""
         super().__init__()
         if criterion not in ("huber", "hl_gauss"):
             raise ValueError(f"criterion={criterion!r} is not one of huber, hl_gauss")
         self.criterion, self.out_dim = criterion, out_dim
         gain = leaky_relu_gain(0.2)  # orthogonal init, gain √(2/(1+0.2²)) ≈ 1.3868, head gain 1
         kw = dict(activation="leaky_relu", orthogonal_gain=gain, head_gain=1.0)
-        self.prior = mlp(in_dim, hidden, out_dim, spectral_norm=prior_spectral_norm, **kw)
-        if prior_spectral_norm:
-            freeze_spectral_norm(self.prior, in_dim)
+        with torch.random.fork_rng(devices=[], enabled=prior_seed is not None):
+            if prior_seed is not None:
+                torch.manual_seed(prior_seed)
+            self.prior = mlp(in_dim, hidden, out_dim, spectral_norm=prior_spectral_norm, **kw)
+            if prior_spectral_norm:
+                freeze_spectral_norm(self.prior, in_dim)
         self.prior.requires_grad_(False)
         head = out_dim * hlg_bins if criterion == "hl_gauss" else out_dim
         self.predictor = mlp(in_dim, hidden, head, spectral_norm=predictor_spectral_norm, **kw)
