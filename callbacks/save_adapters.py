@@ -1,5 +1,6 @@
 """Keep a run's adapters apart from its base model, as PEFT does: ``<run>/adapters.safetensors``, and, for a
-Hugging Face base, ``<run>/adapter_peft/`` in PEFT's own layout (``peft.PeftModel.from_pretrained`` loads it)."""
+Hugging Face base, ``<run>/adapter_peft/`` in PEFT's own layout (``peft.PeftModel.from_pretrained`` loads it).
+``litlab export --peft <run or checkpoint>`` writes the same folder later, from any checkpoint of a finished run."""
 
 from __future__ import annotations
 
@@ -7,24 +8,9 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
-from torch import nn
 
 from litlab.lit_modules.core.adapters import find_adapters, save_adapters
-from litlab.lit_modules.core.peft_format import save_peft_adapter
-
-
-def _hf_base_holding_all(pl_module: L.LightningModule, adapted: dict) -> tuple[str, nn.Module] | None:
-    """The outermost ``transformers.PreTrainedModel`` inside ``pl_module`` that holds every adapter, if any."""
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:
-        return None
-    for name, module in pl_module.named_modules():
-        if isinstance(module, PreTrainedModel):
-            prefix = f"{name}." if name else ""
-            if all(a.startswith(prefix) for a in adapted):
-                return name, module
-    return None
+from litlab.lit_modules.core.peft_format import hf_model_holding_adapters, save_module_peft_adapter
 
 
 class SaveAdapters(L.Callback):
@@ -56,25 +42,11 @@ class SaveAdapters(L.Callback):
             run_dir / self.filename,
             extra={"model": type(pl_module).__qualname__, "global_step": trainer.global_step},
         )
-        if self.peft == "never":
+        if self.peft == "never" or (self.peft == "auto" and hf_model_holding_adapters(pl_module) is None):
             return
-        found = _hf_base_holding_all(pl_module, adapted)
-        if found is None:
-            if self.peft == "always":
-                raise ValueError(
-                    f"SaveAdapters(peft='always'): no Hugging Face model inside {type(pl_module).__name__} holds "
-                    f"all its adapters ({list(adapted)[:4]}...); PEFT loads adapters onto a Hugging Face base"
-                )
-            return
-        _, base = found
         try:
-            save_peft_adapter(
-                base,
-                run_dir / self.peft_folder,
-                base_model_name_or_path=getattr(base.config, "_name_or_path", None) or None,
-                task_type="CAUSAL_LM" if type(base).__name__.endswith("ForCausalLM") else None,
-            )
+            save_module_peft_adapter(pl_module, run_dir / self.peft_folder)
         except ValueError as err:
             if self.peft == "always":
-                raise
+                raise ValueError(f"SaveAdapters(peft='always'): {err}") from None
             rank_zero_info(f"SaveAdapters: no PEFT copy of the adapters ({err})")

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from litlab.lit_modules.core.adapters import AdapterLinear, LowRankBranch, find_adapters
+from litlab.lit_modules.core.frozen import tensor_digest
 from litlab.lit_modules.core.io import atomic_path
 
 PEFT_CONFIG_FILE = "adapter_config.json"
@@ -143,3 +144,53 @@ def save_peft_adapter(
         for leftover in (tmp, old):
             shutil.rmtree(leftover, ignore_errors=True)
     return folder
+
+
+def base_weight_digests(model: nn.Module) -> dict[str, str]:
+    """SHA-256 of every tensor of ``model``'s state dict but its adapters' factors: the weights a PEFT adapter is
+    applied to. Equal digests before and after a run mean its adapter on the untouched base is the run's model."""
+    factors = {
+        f"{layer_name}.branches.{branch_name}.{factor}"
+        for layer_name, layer in find_adapters(model).items()
+        for branch_name, branch in layer.branches.items()
+        for factor in branch.factors()
+    }
+    state = model.state_dict()
+    return {name: tensor_digest(t) for name, t in state.items() if name not in factors and torch.is_tensor(t)}
+
+
+def hf_model_holding_adapters(module: nn.Module) -> nn.Module | None:
+    """The outermost ``transformers.PreTrainedModel`` inside ``module`` (a LightningModule, say) that holds every
+    adapter of it: the model PEFT wraps, to which the adapters' module names are relative. None if none does."""
+    try:  # deferred: transformers costs seconds to import, and a module without it has no such model
+        from transformers import PreTrainedModel
+    except ImportError:
+        return None
+    adapted = find_adapters(module)
+    for name, inner in module.named_modules():
+        if isinstance(inner, PreTrainedModel):
+            prefix = f"{name}." if name else ""
+            if all(a.startswith(prefix) for a in adapted):
+                return inner
+    return None
+
+
+def save_module_peft_adapter(module: nn.Module, folder: str | os.PathLike) -> Path:
+    """``save_peft_adapter`` of the Hugging Face model inside ``module`` that holds all its adapters, with that
+    model's hub id or folder as ``base_model_name_or_path`` (what PEFT applies the adapter to) and, for a causal
+    LM, ``task_type: CAUSAL_LM``; ``ValueError`` naming why when there is none or PEFT cannot hold the adapters."""
+    adapted = find_adapters(module)
+    if not adapted:
+        raise ValueError(f"{type(module).__name__} holds no AdapterLinear: nothing to export")
+    base = hf_model_holding_adapters(module)
+    if base is None:
+        raise ValueError(
+            f"no Hugging Face model inside {type(module).__name__} holds all its adapters ({list(adapted)[:4]}...); "
+            "PEFT loads adapters onto a Hugging Face base"
+        )
+    return save_peft_adapter(
+        base,
+        folder,
+        base_model_name_or_path=getattr(base.config, "_name_or_path", None) or None,
+        task_type="CAUSAL_LM" if type(base).__name__.endswith("ForCausalLM") else None,
+    )
