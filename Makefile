@@ -21,8 +21,15 @@ $(VENV)/.torch: | $(BIN)/python
 	$(BIN)/python -m pip install $(TORCH_PIP_ARGS) "torch==$(TORCH_VERSION)"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(BIN)/python -m pip install -e .
+# Strict editable mode: the install is a tree of links under build/ (pyproject), which type checkers and IDEs follow
+# where they cannot follow setuptools' default import hook. A file added to or removed from a package folder needs
+# a new link: a change of any package folder (a file added or removed) reruns the install.
+EDITABLE := --config-settings editable_mode=strict
+PACKAGE_FOLDERS := $(shell find litlab kernels callbacks strategies datamodules benchmarks lit_modules -type d \
+	-not -name __pycache__ 2>/dev/null)
+
+$(VENV)/.installed: pyproject.toml $(PACKAGE_FOLDERS) $(VENV)/.torch
+	$(BIN)/python -m pip install -e . $(EDITABLE)
 	# wandb's open-source sweep engine for `litlab sweep`; it declares numpy<2 but works with numpy 2
 	$(BIN)/python -m pip install --no-deps "sweeps==0.3.0"
 	$(BIN)/python -m pip install jsonschema jsonref
@@ -30,7 +37,7 @@ $(VENV)/.installed: pyproject.toml $(VENV)/.torch
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
-	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m pip install -e '.[dev]' $(EDITABLE)
 	$(MAKE) --no-print-directory check-torch
 	touch $@
 
@@ -52,7 +59,7 @@ minilm: install
 
 # MuJoCo tasks for the full-scale RL configs (Hopper, HalfCheetah, Walker2d, Ant)
 rl: install
-	$(BIN)/python -m pip install -e '.[rl]'
+	$(BIN)/python -m pip install -e '.[rl]' $(EDITABLE)
 	$(MAKE) --no-print-directory check-torch
 
 demo: install

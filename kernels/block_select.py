@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from litlab.kernels import block_select_cpu
+from litlab.kernels.block_layout import reserved_blocks
 from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, run_compiled_or_fallback, use_triton
 
 
@@ -40,14 +42,6 @@ def smooth_quantize(q, k, bits: int = 4):
     g = q.shape[1] // k.shape[1]
     c = q_bar @ k_s.repeat_interleave(g, 1).transpose(-1, -2)  # c[h, j] = q_bar[h] · k'[h//g, j]
     return k_s.to(k.dtype), qi, ki, sq, sk, c.squeeze(2)
-
-
-def reserved_blocks(qb: int, n_tokens: int, block_q: int, block_k: int, local_blocks: int, seg_blocks: int):
-    """Selection step 1 for query block ``qb``: (n_max causal key blocks, n_loc local blocks, middle range)."""
-    n_max = math.ceil(min((qb + 1) * block_q, n_tokens) / block_k)
-    n = n_max - 1
-    n_loc = n if n <= local_blocks else local_blocks + (n - local_blocks) % seg_blocks
-    return n_max, n_loc, range(1, n - n_loc + 1)
 
 
 def block_select_reference(
@@ -256,15 +250,16 @@ def quant_qk_block_select(
     if k_s.shape[2] != N:
         raise ValueError(f"selection is for prefill (M == N); got q {tuple(q.shape)}, k {tuple(k_s.shape)}")
     tau = torch.as_tensor(tau, dtype=torch.float32, device=q.device).expand(H).contiguous()
-    from litlab.kernels.block_select_cpu import INT8_MIN_TOKENS, block_select_int8, int8_selection_supported
-
     if impl == "int8" or (
-        impl == "auto" and not q.is_cuda and N >= INT8_MIN_TOKENS and int8_selection_supported(qi, block_k)
+        impl == "auto"
+        and not q.is_cuda
+        and N >= block_select_cpu.INT8_MIN_TOKENS
+        and block_select_cpu.int8_selection_supported(qi, block_k)
     ):
         args = (q, k_s, qi, ki, sq, sk, c, tau, block_q, block_k, local_blocks, seg_blocks, sm_scale)
         return run_compiled_or_fallback(
             "block_select int8",
-            lambda: block_select_int8(*args),
+            lambda: block_select_cpu.block_select_int8(*args),
             lambda: block_select_reference(*args),
             forced=impl == "int8",
         )

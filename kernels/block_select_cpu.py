@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from litlab.kernels.block_select import reserved_blocks
+from litlab.kernels.block_layout import reserved_blocks
 
 # ``quant_qk_block_select(impl="auto")`` on the CPU takes this path from this many tokens on (the same threshold as
 # the flex computation pass); shorter prompts (the quick card's 256 tokens) keep the reference

@@ -19,6 +19,41 @@ if not torch.cuda.is_available():
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+def files_missing_from_the_editable_install() -> list[str]:
+    """The package files that `make install`'s tree of links (setuptools' strict editable mode, pyproject) lacks, or
+    links whose file is gone: a module added since the install fails to import with an error that does not say why."""
+    import tomllib
+
+    import litlab
+
+    trees = [Path(p) for p in litlab.__path__ if (Path(p) / "__init__.py").is_symlink()]
+    if not trees:
+        return []  # installed otherwise (a wheel, setuptools' default editable mode): nothing to compare
+    tree = trees[0].parent
+    mapping = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"
+    ]
+    wanted = {
+        tree.joinpath(*prefix.split("."), path.relative_to(PROJECT_ROOT / folder))
+        for prefix, folder in mapping.items()
+        for path in (PROJECT_ROOT / folder).rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    linked = {p for p in tree.rglob("*.py") if p.is_symlink()}
+    added = [str(p.relative_to(tree)) for p in sorted(wanted - linked)]
+    removed = [f"{p.relative_to(tree)} (removed)" for p in sorted(linked) if not p.exists()]
+    return added + removed
+
+
+def pytest_configure(config):
+    missing = files_missing_from_the_editable_install()
+    if missing:
+        raise pytest.UsageError(
+            f"the editable install lacks {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}: "
+            "run `make install` (its links are made at install time: see pyproject)"
+        )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shared_model_cache(tmp_path_factory):
     """One cache of locally pre-trained base models for the whole test session, shared by the xdist workers

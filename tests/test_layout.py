@@ -1,17 +1,21 @@
 """The layout stays true: every import of a project module (top-level or inside a function) points down a layer,
-packages form no cycle, and the installed names are the ones pyproject declares.
+modules form no cycle, and the installed names are the ones pyproject declares.
 
 Layers, top to bottom (docs/adding-a-method.md explains them):
 
     litlab (CLI: cli, repro, cards, runs, slurm, sweep, data, bench) and benchmarks/
     callbacks, strategies                      Lightning plugins; reach a family through its contract/report
-    lit_modules/<family>/<method>.py           one file per method, named by its card's slug (seeds/<slug>.yaml)
+    lit_modules/<family>/<method>.py           one method, one file named by its card's slug (seeds/<slug>.yaml)
     lit_modules/<family>/*.py                  the family's harness, contract, report and shared maths
     datamodules                                data; imports only core (errors, HF loading, cache, atomic writes)
     lit_modules/core                           what several families use
     kernels                                    Triton kernels and their PyTorch references
 
 A family reaches ``datamodules`` only through its ``contract.py``; ``datamodules`` never import a family.
+
+Import names resolve to files through pyproject's ``package-dir`` (``litlab.kernels`` is ``kernels/``). The folders
+it maps into ``litlab`` have no ``__init__.py`` (namespace portions), so that Python started in the checkout's root
+does not take them for installed distributions of the same name (tests/test_install.py runs that).
 """
 
 from __future__ import annotations
@@ -24,26 +28,42 @@ import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_DIRS = {  # import prefix -> folder, as pyproject's package-dir installs them
-    "litlab.benchmarks": "benchmarks",
-    "litlab.callbacks": "callbacks",
-    "litlab.datamodules": "datamodules",
-    "litlab.kernels": "kernels",
-    "litlab.strategies": "strategies",
-    "litlab.lit_modules": "lit_modules",
-    "litlab": "litlab",
-}
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+# import prefix -> folder, longest prefix first (a name resolves through the most specific mapping)
+PACKAGE_DIRS: dict[str, str] = dict(sorted(SETUPTOOLS["package-dir"].items(), key=lambda kv: -len(kv[0])))
 CARD_SLUGS = {p.stem for p in (ROOT / "seeds").glob("*.yaml")}
 
 
+def installed_name(folder: Path) -> str | None:
+    """The import name of a folder of the checkout, through the package-dir mapping (None: not installed)."""
+    for prefix, top in PACKAGE_DIRS.items():
+        if folder == ROOT / top or (ROOT / top) in folder.parents:
+            return ".".join([prefix, *folder.relative_to(ROOT / top).parts])
+    return None
+
+
+def package_folders() -> dict[str, Path]:
+    """Every installed package: import name -> folder (a mapped folder, or one under it holding a .py file; with or
+    without __init__.py)."""
+    out = {prefix: ROOT / top for prefix, top in PACKAGE_DIRS.items()}
+    for top in PACKAGE_DIRS.values():
+        for path in (ROOT / top).rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                out[installed_name(path.parent)] = path.parent
+    return out
+
+
 def project_modules() -> dict[str, Path]:
+    """Every installed module: import name -> file (a package's name -> its __init__.py)."""
     mods = {}
-    for prefix, folder in PACKAGE_DIRS.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            rel = path.relative_to(ROOT / folder).with_suffix("")
-            parts = [p for p in rel.parts if p != "__init__"]
-            mods[".".join([prefix, *parts])] = path
+    for package, folder in package_folders().items():
+        for path in folder.glob("*.py"):
+            mods[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
     return mods
+
+
+def namespace_packages() -> set[str]:
+    return {name for name, folder in package_folders().items() if not (folder / "__init__.py").exists()}
 
 
 def layer_of(module: str) -> tuple[str, str | None]:
@@ -95,7 +115,9 @@ def allowed(src: str, dst: str) -> bool:
     return RANK[ld] <= RANK[ls]
 
 
-def project_imports(path: Path, module: str, known: dict[str, Path]) -> list[tuple[str, int]]:
+def project_imports(
+    path: Path, module: str, known: dict[str, Path], namespaces: set[str]
+) -> list[tuple[str, int]]:
     tree = ast.parse(path.read_text(), str(path))
     is_pkg = path.name == "__init__.py"
     out = []
@@ -112,18 +134,18 @@ def project_imports(path: Path, module: str, known: dict[str, Path]) -> list[tup
                 target = node.module or ""
             names = [target] + [f"{target}.{a.name}" for a in node.names]
         for name in names:
-            # the longest project module that the name starts with
-            while name and name not in known:
+            # the longest project module that the name starts with; a namespace package runs no code
+            while name and name not in known and name not in namespaces:
                 name = name.rpartition(".")[0]
-            if name and name != module:
+            if name and name != module and name not in namespaces:
                 out.append((name, node.lineno))
     return out
 
 
 @pytest.fixture(scope="module")
 def graph() -> dict[str, list[tuple[str, int]]]:
-    known = project_modules()
-    return {m: project_imports(p, m, known) for m, p in known.items()}
+    known, namespaces = project_modules(), namespace_packages()
+    return {m: project_imports(p, m, known, namespaces) for m, p in known.items()}
 
 
 def test_every_import_points_down_a_layer(graph):
@@ -135,31 +157,106 @@ def test_every_import_points_down_a_layer(graph):
     assert not bad, "imports that run up a layer or across families:\n" + "\n".join(sorted(set(bad)))
 
 
-def test_no_cycle_between_packages(graph):
-    def package(m: str) -> str:
-        return m if (project_modules()[m].name == "__init__.py") else m.rpartition(".")[0]
+def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (each holds a cycle): Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[list[str]] = []
 
-    edges = defaultdict(set)
-    for src, deps in graph.items():
-        for dst, _ in deps:
-            a, b = package(src), package(dst)
-            if a != b and not b.startswith(a + ".") and not a.startswith(b + "."):
-                edges[a].add(b)
-    state, cycles = {}, []
-
-    def visit(node, stack):
-        state[node] = "open"
-        for nxt in sorted(edges[node]):
-            if state.get(nxt) == "open":
-                cycles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]) if nxt in stack else nxt)
-            elif nxt not in state:
-                visit(nxt, stack + [nxt])
-        state[node] = "done"
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
 
     for node in sorted(edges):
-        if node not in state:
-            visit(node, [node])
-    assert not cycles, "package cycles:\n" + "\n".join(cycles)
+        if node not in index:
+            visit(node)
+    return components
+
+
+def one_cycle(edges: dict[str, set[str]], component: list[str]) -> list[str]:
+    """A shortest cycle through the component's first node (breadth first, inside the component)."""
+    start, inside = component[0], set(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(edges.get(node, set()) & inside):
+                if nxt == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return path[::-1]
+                if nxt not in came_from:
+                    came_from[nxt] = node
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no cycle through {start}")
+
+
+def described_cycles(graph: dict[str, list[tuple[str, int]]], node_of) -> list[str]:
+    """One cycle per strongly connected part of the graph with its nodes mapped by ``node_of``, each arrow with the
+    import that makes it: 'module:line -> ...', or 'package (module:line) -> ...'."""
+    edges: dict[str, set[str]] = defaultdict(set)
+    line: dict[tuple[str, str], str] = {}
+    for src, deps in graph.items():
+        for dst, lineno in deps:
+            a, b = node_of(src), node_of(dst)
+            if a != b and not b.startswith(a + ".") and not a.startswith(b + "."):
+                edges[a].add(b)
+                line.setdefault((a, b), f"{src}:{lineno}")
+    out = []
+    for component in strongly_connected(edges):
+        path = one_cycle(edges, component)
+        where = [line[a, b] for a, b in zip(path, path[1:] + path[:1])]
+        steps = [w if w.startswith(a + ":") else f"{a} ({w})" for a, w in zip(path, where)]
+        out.append(" -> ".join(steps) + f" -> {path[0]}")
+    return out
+
+
+def test_no_cycle_between_modules(graph):
+    """Two modules that import each other (at the top or inside a function) are one idea split in two files, or a
+    shared part that belongs below both."""
+    cycles = described_cycles(graph, lambda module: module)
+    assert not cycles, "module cycles (module:line of the import -> ...):\n" + "\n".join(cycles)
+
+
+def test_no_cycle_between_packages(graph):
+    modules = project_modules()
+
+    def package(m: str) -> str:
+        return m if modules[m].name == "__init__.py" else m.rpartition(".")[0]
+
+    cycles = described_cycles(graph, package)
+    assert not cycles, "package cycles (package (module:line of the import) -> ...):\n" + "\n".join(cycles)
+
+
+def test_cycle_finder_finds_a_cycle_and_only_cycles():
+    graph = {
+        "a": [("b", 1)],
+        "b": [("c", 2), ("d", 3)],
+        "c": [("a", 4)],
+        "d": [],
+        "e": [("d", 5)],
+    }
+    assert described_cycles(graph, lambda m: m) == ["a:1 -> b:2 -> c:4 -> a"]
+    assert described_cycles({"a": [("b", 1)], "b": []}, lambda m: m) == []
 
 
 def test_layer_rule_rejects_upward_arrows():
@@ -176,8 +273,26 @@ def test_layer_rule_rejects_upward_arrows():
 
 
 def test_pyproject_installs_every_package_folder():
-    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    declared = set(cfg["packages"])
-    assert cfg["package-dir"] == PACKAGE_DIRS | {"litlab": "litlab"}
-    found = {m for m, p in project_modules().items() if p.name == "__init__.py"}
+    declared, found = set(SETUPTOOLS["packages"]), set(package_folders())
     assert declared == found, f"pyproject lists {sorted(declared ^ found)} differently from the folders"
+    holding_python = {
+        d.name
+        for d in ROOT.iterdir()
+        if d.is_dir() and not d.name.startswith(".") and (any(d.glob("*.py")) or any(d.glob("*/*.py")))
+    }
+    assert holding_python - {"tests", "build"} == set(PACKAGE_DIRS.values())
+
+
+def test_folders_mapped_into_litlab_are_namespace_portions():
+    """With an ``__init__.py``, ``kernels/`` is imported as ``kernels`` by Python started in the checkout's root, in
+    place of Hugging Face's installed ``kernels`` (transformers imports it): a regular package found later on
+    sys.path wins over a namespace portion found first, never over a regular package."""
+    regular = [
+        top
+        for prefix, top in PACKAGE_DIRS.items()
+        if prefix != "litlab" and (ROOT / top / "__init__.py").exists()
+    ]
+    assert not regular, f"{regular}: remove their __init__.py (a README.md can say what the folder holds)"
+    assert (
+        ROOT / "litlab" / "__init__.py"
+    ).exists()  # litlab itself: the installed name, and it joins the rest
