@@ -7,8 +7,9 @@ count). Character-level by default (``core.corpus.CharTokenizer``), so every tin
 Hugging Face id / local folder, loaded by ``core.hf.load_tokenizer``) tokenises the same texts with that LM's own
 tokenizer, and the windows are then ``block_size`` tokens.
 
-Each domain's text is fixed (its own generator seed 0); the card seed moves only the training windows. The last
-5 % of a domain's ids (characters or tokens) is validation; validation windows are evenly spaced and fixed.
+Each domain's text is fixed (its own generator seed 0); the run seed moves only the training windows (its
+``data.windows`` stream, ``core.seeding.derive_seed``). The last 5 % of a domain's ids (characters or tokens) is
+validation; validation windows are evenly spaced and fixed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader
 
 from litlab.datamodules.text import _RandomStartSampler, _Windows
 from litlab.lit_modules.core.corpus import CORPUS_MODULES, CharTokenizer, local_text_corpus
+from litlab.lit_modules.core.seeding import derive_seed
 
 Domain = Literal["text", "code", "math", "instruction"]
 DOMAINS = ("text", "code", "math", "instruction")
@@ -124,7 +126,6 @@ class DomainCorpusDataModule(L.LightningDataModule):
         batch_size: int = 16,
         train_windows_per_epoch: int = 2400,
         val_windows: int = 64,
-        seed: int = 0,
         tokenizer: str | None = None,
     ) -> None:
         super().__init__()
@@ -163,7 +164,7 @@ class DomainCorpusDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
         dataset = _Windows(self._ids(self.domain)[0], hp.block_size)
-        sampler = _RandomStartSampler(len(dataset), hp.train_windows_per_epoch, hp.seed)
+        sampler = _RandomStartSampler(len(dataset), hp.train_windows_per_epoch, derive_seed("data.windows"))
         return DataLoader(dataset, batch_size=hp.batch_size, sampler=sampler, drop_last=True)
 
     def val_dataloader(self) -> list[DataLoader]:

@@ -11,7 +11,8 @@ Universe: the 100 questions ``a+b=`` with ``a, b`` in 0..9, and two answer style
 * tasks (``TASKS``): ``words`` = answer in words for ``a`` in 5..9 (the recipe's task, 50 questions); ``digits`` = the
   same questions answered in digits (the pre-training default, a sanity task).
 
-``SumsTaskDataModule`` serves a task: its 50 examples in a seeded order (the order a program transmits them in:
+``SumsTaskDataModule`` serves a task: its 50 examples in an order drawn from the run's ``data.order`` stream
+(``core.seeding.derive_seed``; the order a program transmits them in:
 the first ``k`` are ICL's prompt, the first ``n`` online coding's data, the first ``lora_examples`` LoRA's training
 set), and the whole universe of the task as the evaluation set (exact match of the generated line). Its one training
 batch is that ordered list: the analysis module measures, it does not train the checkpoint.
@@ -24,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from litlab.lit_modules.core.corpus import CharTokenizer
+from litlab.lit_modules.core.seeding import derive_seed
 
 WORDS = (
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -67,20 +69,22 @@ def task_pairs(task: str) -> list[tuple[str, str]]:
 
 
 class SumsTaskDataModule(L.LightningDataModule):
-    """One task of the sums universe (``TASKS``); ``seed`` fixes the transmission order of its examples."""
+    """One task of the sums universe (``TASKS``); the run's ``data.order`` stream fixes the transmission order of
+    its examples."""
 
-    def __init__(self, task: str = "words", seed: int = 0):
+    def __init__(self, task: str = "words"):
         super().__init__()
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; expected one of {sorted(TASKS)}")
         self.save_hyperparameters()
-        self.task, self.seed = task, seed
+        self.task = task
         self.tokenizer = CharTokenizer()
 
     def examples(self) -> list[tuple[str, str]]:
-        """The task's examples in the seeded transmission order."""
+        """The task's examples in the run's transmission order."""
         pairs = task_pairs(self.task)
-        order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(self.seed)).tolist()
+        gen = torch.Generator().manual_seed(derive_seed("data.order"))
+        order = torch.randperm(len(pairs), generator=gen).tolist()
         return [pairs[i] for i in order]
 
     def eval_pairs(self) -> list[tuple[str, str]]:

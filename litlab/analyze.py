@@ -49,6 +49,7 @@ from litlab.lit_modules.analysis.contract import DomainEvalData, domain_eval_set
 from litlab.lit_modules.core.corpus import CharTokenizer
 from litlab.lit_modules.core.errors import CheckpointError, ConfigError
 from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
+from litlab.lit_modules.core.seeding import derive_seed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +76,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--criteria", nargs="+", default=list(D.CRITERIA), choices=D.CRITERIA)
     d.add_argument("--n-random", type=int, default=3)
-    d.add_argument("--seed", type=int, default=0, help="seed of the random orderings")
+    d.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="run seed whose rewind.random_order stream draws the random orderings (as a fit of that seed does)",
+    )
     d.add_argument("--windows", type=int, default=64, help="evaluation windows per domain")
     d.add_argument("--block-size", type=int, default=64)
     d.add_argument("--alphas", type=int, default=11, help="points of the interpolation grid [0, 1]")
@@ -85,7 +91,13 @@ def _parser() -> argparse.ArgumentParser:
         "--checkpoints", nargs="+", required=True, metavar="NAME=SRC", help="pre=… post=… random=…"
     )
     c.add_argument("--task", default="words", choices=sorted(TASKS))
-    c.add_argument("--seed", type=int, default=0, help="order of the task's examples; epoch order, LoRA init")
+    c.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="run seed whose streams draw the examples' order, the later epochs' order and the LoRA init (as a "
+        "fit of that seed does)",
+    )
     c.add_argument("--deltas", type=float, nargs="+", default=[0.25, 0.40], help="targets δ of C(δ)")
     c.add_argument("--icl-k", type=int, nargs="*", default=list(TCX.PLAN.icl_k))
     c.add_argument("--online-n", type=int, nargs="*", default=list(TCX.PLAN.online_n))
@@ -124,7 +136,9 @@ def _parser() -> argparse.ArgumentParser:
         "--cal-windows", type=int, help="broad calibration windows (default: the run's plan, else 64)"
     )
     k.add_argument(
-        "--seed", type=int, help="seed of the Lanczos start vector (default: the run's plan, else 0)"
+        "--seed",
+        type=int,
+        help="run seed whose curvature stream draws the Lanczos start vector (default: the run's own seed)",
     )
     k.add_argument(
         "--rayleigh",
@@ -170,7 +184,7 @@ def diffract(args: argparse.Namespace) -> int:
     if len(domains) not in (1, len(args.tuned)):
         raise ValueError(f"give one --domain, or one per --tuned ({len(args.tuned)}), not {len(domains)}")
     domains = domains * len(args.tuned) if len(domains) == 1 else domains
-    plan = D.RewindPlan(criteria=tuple(args.criteria), n_random=args.n_random, random_seed=args.seed)
+    plan = D.RewindPlan(criteria=tuple(args.criteria), n_random=args.n_random)
     base = checkpoints.load(args.base)
     base_state = base.state()
     lines = [f"# litlab analyze diffract\n\nbase: `{args.base}`\n"]
@@ -185,7 +199,10 @@ def diffract(args: argparse.Namespace) -> int:
         block = min(args.block_size, getattr(tuned.model, "block_size", args.block_size))
         dom = domain_eval_set(domain, block, args.windows, args.tokenizer) if evaluate else None
         gen = domain_eval_set(args.general, block, args.windows, args.tokenizer) if evaluate else None
-        res = D.analyze_pair(tuned.model, base_state, state, base.n_heads, base.n_kv_heads, dom, gen, plan)
+        with checkpoints.under_run_seed(args.seed):  # the random orderings a fit of that seed draws
+            res = D.analyze_pair(
+                tuned.model, base_state, state, base.n_heads, base.n_kv_heads, dom, gen, plan
+            )
         folder = out / f"tuned{i}"
         D.write_figures(res, folder, f"{domain}")
         atomic_write_json(folder / "diffract.json", {"source": src, "domain": domain, **res})
@@ -256,16 +273,16 @@ def complexity(args: argparse.Namespace) -> int:
         steps=args.steps,
         lora_bits=tuple(args.lora_bits),
         lora_examples=args.lora_examples,
-        seed=args.seed,
     )
-    dm = SumsTaskDataModule(args.task, args.seed)
+    dm = SumsTaskDataModule(args.task)
     frontiers, summaries = {}, {}
-    lines = [f"# litlab analyze complexity\n\ntask: `{args.task}` (seed {args.seed}); payload bits\n"]
+    lines = [f"# litlab analyze complexity\n\ntask: `{args.task}` (run seed {args.seed}); payload bits\n"]
     for name, _, src in pairs:
         loaded = checkpoints.load(src)
         if not _char_vocab(loaded.model):
             raise ValueError(f"{src}: the local sums tasks need litlab's character vocabulary (a TinyGPT)")
-        rows = TCX.measure_frontier(loaded.model, dm.examples(), dm.eval_pairs(), plan)
+        with checkpoints.under_run_seed(args.seed):  # the order and init a fit of that seed draws
+            rows = TCX.measure_frontier(loaded.model, dm.examples(), dm.eval_pairs(), plan)
         frontiers[name], summaries[name] = rows, TCX.summarize(rows, args.deltas)
         lines.append(
             f"\n## {name}: `{src}`\n\n| strategy | knob | payload bits | script bits | perf |\n|---|---|---|---|---|\n"
@@ -361,8 +378,12 @@ def _lockin_run(item: str, args: argparse.Namespace, bases: dict) -> dict:
         block = min(args.block_size, getattr(base.model, "block_size", args.block_size))
         task_set, broad_set = (domain_eval_set(d, block, args.windows) for d in (task, broad))
     overrides = {"k": args.k, "lanczos_iters": args.lanczos_iters, "n_cal_windows": args.cal_windows}
-    overrides["seed"] = args.seed
     plan = dataclasses.replace(plan0, **{k: v for k, v in overrides.items() if v is not None})
+    run_seed = checkpoints.run_seed_of(ckpt)
+    with checkpoints.under_run_seed(run_seed if args.seed is None else args.seed):
+        lanczos_seed = derive_seed("curvature")  # the start vector a LockInFT fit of that seed draws
+    with checkpoints.under_run_seed(run_seed):
+        base_seed = derive_seed("backbone")
 
     params = dict(base.model.named_parameters())
     flat = C.FlatParams.of(params)
@@ -373,14 +394,15 @@ def _lockin_run(item: str, args: argparse.Namespace, bases: dict) -> dict:
         )
     theta0 = flat.flatten(params)
     cal = LI.calibration_batches(broad_set, plan.n_cal_windows)
-    key = _digest(theta0, *(b["input_ids"] for b in cal)) + f"-{plan.k}-{plan.lanczos_iters}-{plan.seed}"
+    key = _digest(theta0, *(b["input_ids"] for b in cal)) + f"-{plan.k}-{plan.lanczos_iters}-{lanczos_seed}"
     if key not in bases:
-        # a LockInFT run analysed with its own plan and windows: the basis its fit used (cached per base)
-        path = LI.basis_cache_path(module0.base_cfg, plan) if lockin_run and own and plan == plan0 else None
+        # a LockInFT run analysed with its own plan, windows and seed: the basis its fit used (cached per base)
+        own_basis = lockin_run and own and plan == plan0 and args.seed in (None, run_seed)
+        path = LI.basis_cache_path(module0.base_cfg, plan, base_seed, lanczos_seed) if own_basis else None
         eig = LI.load_basis(path) if path is not None else None
         source = "the run's cached basis" if eig is not None else "Lanczos"
         if eig is None:
-            eig = LI.broad_hessian_basis(base.model, cal, plan, flat, theta0)
+            eig = LI.broad_hessian_basis(base.model, cal, plan, lanczos_seed, flat, theta0)
             if path is not None:
                 LI.save_basis(eig, path)
         f = C.lm_loss_fn(base.model, cal, flat, dict(base.model.named_buffers()))
@@ -389,7 +411,7 @@ def _lockin_run(item: str, args: argparse.Namespace, bases: dict) -> dict:
             "name": f"basis{len(bases)}",
             "eig": eig,
             "source": source,
-            "plan": dataclasses.asdict(plan),
+            "plan": {**dataclasses.asdict(plan), "lanczos_seed": lanczos_seed},
             "broad_domain": broad,
             "P": flat.size,
             "rayleigh": check,

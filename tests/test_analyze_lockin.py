@@ -177,6 +177,26 @@ def test_analyze_lockin_on_a_plain_and_a_projected_run(tmp_path, monkeypatch):
         assert (out / f"{name}.png").stat().st_size > 0
 
 
+def test_analyze_lockin_rebuilds_theta0_under_the_runs_own_seed(tmp_path, monkeypatch):
+    """No hyper-parameter holds the base's seed any more (it is the run seed's backbone stream): the analysis
+    rebuilds θ0 under the seed its run was fitted with, whatever seed the analysing process has."""
+    from litlab.__main__ import main
+    from litlab.lit_modules.analysis import checkpoints
+
+    monkeypatch.chdir(ROOT)
+    run = _fit_lock_in(tmp_path, "seed3", "--seed_everything=3")
+    assert checkpoints.run_seed_of(run / "checkpoints" / "last.ckpt") == 3
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # another seed in the analysing process
+    out = tmp_path / "report"
+    assert main(["analyze", "lockin", "--run", str(run), "--out", str(out)]) == 0
+    r = json.loads((out / "results.json").read_text())["runs"]["seed3"]
+    (basis,) = json.loads((out / "results.json").read_text())["bases"].values()
+    assert basis["source"] == "the run's cached basis"  # the same base and Lanczos start as the fit's
+    logged = r["trajectory"][-1]
+    for k, v in r["logged_minus_recomputed"].items():  # the drift is measured from the fit's own θ0
+        assert v <= 1e-5 * max(1.0, abs(logged[k])), k
+
+
 def test_analyze_lockin_names_what_a_run_folder_lacks(tmp_path, capsys):
     from litlab.__main__ import main
 

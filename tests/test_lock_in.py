@@ -193,6 +193,12 @@ def test_projected_fit_keeps_the_stiff_fraction_at_zero(tmp_path, monkeypatch):
     assert traj[-1]["drift"] > 0 and out["ritz_top"][0] >= out["ritz_top"][-1]
 
 
+def _record(trajectory, lr, l2sp=0.0, projection="none") -> dict:
+    """One run as its trajectory.json holds it (what the statistics classify runs by)."""
+    stabilizer = {"lr": lr, "weight_decay": 0.0, "l2sp": l2sp}
+    return {"stabilizer": stabilizer, "projection": projection, "trajectory": trajectory}
+
+
 def test_lock_in_statistics_on_hand_made_trajectories():
     def run(rate, shift=0.0, proj=False):
         pts = []
@@ -210,9 +216,14 @@ def test_lock_in_statistics_on_hand_made_trajectories():
             )
         return pts
 
-    trajs = {"lr1e-4": run(0.05), "lr3e-4": run(0.1), "lr1e-3": run(0.2), "l2sp": run(0.2, shift=0.05)}
-    trajs["projected"] = run(0.2, shift=0.06, proj=True)
-    s = LI.lock_in_statistics(trajs)
+    runs = [
+        _record(run(0.05), 1e-4),
+        _record(run(0.1), 3e-4),
+        _record(run(0.2), 1e-3),
+        _record(run(0.2, shift=0.05), 1e-3, l2sp=0.05),
+        _record(run(0.2, shift=0.06, proj=True), 1e-3, projection="global"),
+    ]
+    s = LI.lock_in_statistics(runs)
     assert s["collapse_r2_lr_only"] == pytest.approx(1.0)  # same curve, three rates
     assert s["collapse_r2"] < 1.0  # the L2-SP run leaves the curve
     assert s["drift_ratio"] == pytest.approx(1.0) and s["final_witness"] == 1.0
@@ -278,15 +289,10 @@ def _toy_run(base, lr, l2sp=0.0, projected=False, basis=None, harm_of="displacem
 
 def _toy_statistics(harm_of="displacement", **projected_kw) -> dict:
     base = _toy_base()
-    runs = {
-        "lr1e-4": {"lr": 0.03},
-        "lr3e-4": {"lr": 0.09},
-        "lr1e-3": {"lr": 0.3},
-        "l2sp": {"lr": 0.3, "l2sp": 0.05},
-    }
-    trajs = {label: _toy_run(base, harm_of=harm_of, **kw) for label, kw in runs.items()}
-    trajs["projected"] = _toy_run(base, 0.3, projected=True, **projected_kw)
-    return LI.lock_in_statistics(trajs)
+    standard = [{"lr": 0.03}, {"lr": 0.09}, {"lr": 0.3}, {"lr": 0.3, "l2sp": 0.05}]
+    runs = [_record(_toy_run(base, harm_of=harm_of, **kw), **kw) for kw in standard]
+    runs.append(_record(_toy_run(base, 0.3, projected=True, **projected_kw), 0.3, projection="global"))
+    return LI.lock_in_statistics(runs)
 
 
 def test_mutation_drift_ratio_leaves_the_band_when_the_projection_is_broken(monkeypatch):
@@ -333,12 +339,42 @@ def test_mutation_collapse_fitted_in_the_wrong_direction_finds_no_shared_curve(m
     assert swapped < 0.9, swapped
 
 
-def test_report_hook_reads_runs_the_card_has():
-    """The report hook finds each trajectory under the card's run names (one run per fit since issue 28)."""
-    from pathlib import Path
+def test_report_hook_reads_what_each_run_ran_not_its_name(tmp_path):
+    """The report hook classifies each run by its trajectory.json (stabiliser, projection), so the card's run
+    names are never read: renamed runs give the statistics of lock_in_statistics, seed by seed."""
+    import json
 
-    from litlab.cards import load_card
+    from litlab.lit_modules.core.results import CardResult, RunResult, SeedRun
 
-    card = load_card(Path(__file__).resolve().parent.parent / "seeds/lock_in.yaml")
-    assert set(LI.RUN_OF.values()) == set(card.runs)
-    assert card.report_hook == "litlab.lit_modules.analysis.lock_in:report"
+    base = _toy_base()
+    settings = [
+        {"lr": 0.03},
+        {"lr": 0.09},
+        {"lr": 0.3},
+        {"lr": 0.3, "l2sp": 0.05},
+        {"lr": 0.3, "projection": "global"},
+    ]
+    records = {}
+    runs = {}
+    for i, kw in enumerate(settings):
+        seed_runs = []
+        for seed in (0, 1):
+            folder = tmp_path / f"run{i}-s{seed}"
+            folder.mkdir()
+            projection = kw.get("projection", "none")
+            toy = {k: v for k, v in kw.items() if k != "projection"}
+            rec = _record(_toy_run(base, projected=projection != "none", steps=30 + 15 * seed, **toy), **kw)
+            (folder / "trajectory.json").write_text(json.dumps(rec))
+            records.setdefault(seed, []).append(rec)
+            seed_runs.append(SeedRun(seed=seed, value=0.0, run_dir=folder))
+        runs[f"renamed_{i}"] = RunResult(
+            f"renamed_{i}", "lockin/L_B", [0, 1], [0.0, 0.0], 0.0, 0.0, seed_runs
+        )
+    result = CardResult("lock_in", "t", "c", "quick", [0, 1], "lockin/L_B", "min", runs, "today", 0.0)
+    numbers = LI.report(result, tmp_path).numbers
+    per_seed = [LI.lock_in_statistics(records[seed]) for seed in (0, 1)]
+    for key in per_seed[0]:
+        assert numbers[f"{key}_min"] == min(s[key] for s in per_seed), key
+    assert numbers["final_witness_seeds"] == sum(s["final_witness"] for s in per_seed)
+    with pytest.raises(ValueError, match="same stabiliser"):
+        LI.lock_in_statistics(records[0][:2] + records[0][3:])  # the projected run's plain twin missing

@@ -22,7 +22,7 @@ V = T.TOKENIZER.vocab_size
 
 def _tiny(seed: int = 0):
     torch.manual_seed(seed)
-    return T.SumsBase(seed=seed)._build().eval()
+    return T.SumsBase()._build().eval()
 
 
 class _ZeroLogits(torch.nn.Module):
@@ -32,12 +32,17 @@ class _ZeroLogits(torch.nn.Module):
         return torch.zeros(*x.shape, V)
 
 
-def test_sums_task_universe_and_seeded_order():
+def _examples(monkeypatch, run_seed: int) -> list:
+    monkeypatch.setenv("PL_GLOBAL_SEED", str(run_seed))
+    return SumsTaskDataModule("words").examples()
+
+
+def test_sums_task_universe_and_seeded_order(monkeypatch):
     pairs = task_pairs("words")
     assert len(pairs) == 50 and pairs[0] == ("5+0=", "five\n") and pairs[-1] == ("9+9=", "eighteen\n")
     assert task_pairs("digits")[-1] == ("9+9=", "18\n")
-    a, b = SumsTaskDataModule("words", 0).examples(), SumsTaskDataModule("words", 1).examples()
-    assert sorted(a) == sorted(pairs) and a != b and a == SumsTaskDataModule("words", 0).examples()
+    a, b = _examples(monkeypatch, 0), _examples(monkeypatch, 1)  # the run seed's data.order stream
+    assert sorted(a) == sorted(pairs) and a != b and a == _examples(monkeypatch, 0)
     lines = pretraining_text(4000, 0.25, 0).splitlines()
     words = sum(not line.split("=")[1].isdigit() for line in lines) / len(lines)
     assert len(lines) == 4000 and abs(words - 0.25) < 0.03
@@ -172,12 +177,13 @@ def test_full_config_fails_offline_naming_the_model(tmp_path, monkeypatch, capsy
 # ---- effect checks on the CPU recipe (spec §7.7; slow: three checkpoints and their frontiers, seed 0) -------------
 @pytest.fixture(scope="module")
 def frontiers():
-    dm = SumsTaskDataModule("words", 0)
-    base = T.SumsBase(seed=0)
-    return {
-        s: T.measure_frontier(base.checkpoint(s), dm.examples(), dm.eval_pairs(), T.StrategyPlan(seed=0))
-        for s in T.STATES
-    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PL_GLOBAL_SEED", "0")  # run seed 0: its checkpoints, example order and LoRA init
+        dm, base = SumsTaskDataModule("words"), T.SumsBase()
+        return {
+            s: T.measure_frontier(base.checkpoint(s), dm.examples(), dm.eval_pairs(), T.StrategyPlan())
+            for s in T.STATES
+        }
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@
 A *source* is one of
 * a Lightning checkpoint ``*.ckpt`` written by ``litlab fit`` (or any LightningCLI run): the module is rebuilt from
   the checkpoint's own ``hyper_parameters`` (``_class_path`` + init args, through jsonargparse as LightningCLI
-  does), its state loaded, and every adapter (``core.adapters.AdapterLinear``) merged into its base weight and
+  does) under the seed its run was fitted with (``run_seed_of``: a locally pre-trained base is drawn from the run
+  seed's ``backbone`` stream, which no hyper-parameter holds), its state loaded, and every adapter (``core.adapters.AdapterLinear``) merged into its base weight and
   replaced by that plain ``nn.Linear``; append ``#base`` for the module as its constructor builds it, before any
   training (the checkpoint's weights are not loaded, adapters are dropped): the frozen base of an adapter run, or
   θ0 of a run that starts from a locally pre-trained, cached base (litlab's tiny models are rebuilt bit for bit);
@@ -16,6 +17,10 @@ The result holds the plain model (for evaluations) and its state dict (for the s
 from __future__ import annotations
 
 import importlib
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,8 +55,46 @@ def _instantiate(class_path: str, init: dict, key: str):
     return getattr(parser.instantiate_classes(cfg), key)
 
 
+def run_seed_of(path: Path) -> int | None:
+    """The seed the run behind checkpoint ``path`` was fitted under: its run folder's ``summary.json`` seed ledger,
+    else the ``seed_everything`` of the ``config.yaml`` LightningCLI wrote there; None outside a run folder."""
+    folder = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    summary = folder / "summary.json"
+    if summary.is_file():
+        seed = (json.loads(summary.read_text()).get("seed_ledger") or {}).get("run_seed")
+        if seed is not None:
+            return int(seed)
+    config = folder / "config.yaml"
+    if config.is_file():
+        import yaml
+
+        seed = (yaml.safe_load(config.read_text()) or {}).get("seed_everything")
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            return seed
+    return None
+
+
+@contextmanager
+def under_run_seed(seed: int | None) -> Iterator[None]:
+    """The run seed ``seed`` for the block (``PL_GLOBAL_SEED``, what ``core.seeding.derive_seed`` reads), the
+    caller's afterwards; None leaves it as it is."""
+    if seed is None:
+        yield
+        return
+    before = os.environ.get("PL_GLOBAL_SEED")
+    os.environ["PL_GLOBAL_SEED"] = str(seed)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PL_GLOBAL_SEED", None)
+        else:
+            os.environ["PL_GLOBAL_SEED"] = before
+
+
 def module_from_checkpoint(path: Path, load_state: bool = True) -> nn.Module:
-    """The LightningModule of a checkpoint, rebuilt from its ``hyper_parameters`` (and its state loaded)."""
+    """The LightningModule of a checkpoint, rebuilt from its ``hyper_parameters`` under its run's seed
+    (``run_seed_of``; a checkpoint outside a run folder: the current one), and its state loaded."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     hp = dict(ckpt.get("hyper_parameters") or {})
     class_path = hp.pop("_class_path", None)
@@ -61,7 +104,8 @@ def module_from_checkpoint(path: Path, load_state: bool = True) -> nn.Module:
             f"{path}: no '_class_path' in its hyper_parameters, so the module cannot be rebuilt (was it written "
             "by LightningCLI / litlab fit?)"
         )
-    module = _instantiate(class_path, hp, "module")
+    with under_run_seed(run_seed_of(path)):
+        module = _instantiate(class_path, hp, "module")
     if load_state:
         module.load_state_dict(ckpt["state_dict"])
     return module
@@ -74,7 +118,10 @@ def datamodule_from_checkpoint(path: Path):
     hp = dict(ckpt.get("datamodule_hyper_parameters") or {})
     class_path = hp.pop("_class_path", None)
     hp.pop("_instantiator", None)
-    return None if class_path is None else _instantiate(class_path, hp, "data")
+    if class_path is None:
+        return None
+    with under_run_seed(run_seed_of(path)):
+        return _instantiate(class_path, hp, "data")
 
 
 def _inner_model(module: nn.Module) -> nn.Module:

@@ -56,6 +56,7 @@ from litlab.lit_modules.core.hf import load_causal_lm, load_smollm2
 from litlab.lit_modules.core.io import atomic_write_json
 from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt
 from litlab.lit_modules.core.schedules import warmup_then_decay_lr
+from litlab.lit_modules.core.seeding import derive_seed
 
 Criterion = Literal["rotation", "rel_update", "abs_update", "spectral_shift", "taylor", "oracle", "random"]
 CRITERIA = ("rotation", "rel_update", "abs_update", "spectral_shift", "taylor", "oracle", "random")
@@ -80,7 +81,8 @@ DEFAULT_MATRICES = r"^(?!.*(emb|norm|ln_|lm_head|wte|wpe)).*\.weight$"
 class TinyBase:
     """θ0 for the quick scale: a TinyGPT (d = ``d_model``, ``layers`` blocks, ``heads`` heads, context
     ``block_size``) pre-trained ``pretrain_steps`` AdamW steps (batch ``batch_size``, lr ``lr``) on the first half
-    of the local text corpus, cached; ``seed`` seeds its init and windows (one base per card seed)."""
+    of the local text corpus, cached. Its init and windows come from the run's ``backbone`` stream
+    (``core.seeding.derive_seed``): one base per run seed, shared by every run of that seed."""
 
     pretrain_steps: int = 500
     d_model: int = 64
@@ -89,10 +91,10 @@ class TinyBase:
     block_size: int = 64
     batch_size: int = 16
     lr: float = 3e-3
-    seed: int = 0
 
     def pretrained(self):
-        """The cached pre-trained TinyGPT this recipe describes (``core.pretrain.pretrained_tiny_gpt``)."""
+        """The cached pre-trained TinyGPT this recipe describes (``core.pretrain.pretrained_tiny_gpt``), of this
+        run's ``backbone`` stream."""
         return pretrained_tiny_gpt(
             steps=self.pretrain_steps,
             d_model=self.d_model,
@@ -101,14 +103,14 @@ class TinyBase:
             block_size=self.block_size,
             batch_size=self.batch_size,
             lr=self.lr,
-            seed=self.seed,
+            seed=derive_seed("backbone"),
         )
 
 
 @config_part
 class RewindPlan:
     """The offline analysis: ``criteria`` to rank heads by; ``fractions`` of units rewound; ``n_random`` random
-    orderings from ``random_seed`` (the baseline band); ``auc_upto`` right end of the AUC window; ``k`` of the
+    orderings (the baseline band, drawn from the run's ``rewind.random_order`` stream); ``auc_upto`` right end of the AUC window; ``k`` of the
     top-k overlap; ``matrices`` regex of the analysed matrices; ``taylor_windows`` calibration windows of the
     Taylor criterion.
 
@@ -120,7 +122,6 @@ class RewindPlan:
     criteria: tuple[str, ...] = CRITERIA
     fractions: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
     n_random: int = 3
-    random_seed: int = 0
     auc_upto: float = 0.75
     k: int = 16
     matrices: str = DEFAULT_MATRICES
@@ -421,7 +422,8 @@ def analyze_pair(
     plan: RewindPlan = REWIND,
 ) -> dict:
     """Steps 1-5 for θ0 = ``base`` → θd = ``tuned``; ``dom``/``gen`` are evaluation batches (None: spectra and
-    head ratios only). Returns scalars (``scalars``) and the curves and tables behind them."""
+    head ratios only). The random orderings draw from the run's ``rewind.random_order`` stream. Returns scalars
+    (``scalars``) and the curves and tables behind them."""
     names = analysed_names(base, plan.matrices)
     table, hybrids = spectral_pass(base, tuned, names, plan.k, swaps=dom is not None)
     layers = H.find_attention(base, n_heads, n_kv_heads)
@@ -455,11 +457,13 @@ def analyze_pair(
     memo: dict[frozenset, list[float]] = {}  # losses of each rewound set, shared by the orderings
     criteria = list(dict.fromkeys([*plan.criteria, plan.primary]))
     runs = [(c, 0) for c in criteria if c != "random"]
-    runs += [("random", plan.random_seed + i) for i in range(plan.n_random)] if "random" in criteria else []
+    if "random" in criteria:  # ordering i draws from the stream's seed + i
+        first = derive_seed("rewind.random_order")
+        runs += [("random", first + i) for i in range(plan.n_random)]
     for criterion, seed in runs:
         scores = head_scores(criterion, base, tuned, layers, ev_dom, grads, seed)
         c = rewind_curve(scores, base, tuned, layers, plan.fractions, evs, memo)
-        key = criterion if criterion != "random" else f"random{seed - plan.random_seed}"
+        key = criterion if criterion != "random" else f"random{seed - first}"
         curves[key] = {
             "scores": scores.tolist(),
             "domain": c[0],

@@ -48,6 +48,7 @@ from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.core.errors import ConfigError
 from litlab.lit_modules.core.io import atomic_path, atomic_write_json, cache_dir
 from litlab.lit_modules.core.pretrain import cache_key
+from litlab.lit_modules.core.seeding import derive_seed, record_artefact
 
 
 # ---- 3. harm signal ---------------------------------------------------------------------------------------
@@ -400,12 +401,11 @@ class Stabilizer:
 @config_part
 class CurvatureBasisPlan:
     """The broad-loss Hessian basis at θ0: top-``k`` Lanczos pairs from ``lanczos_iters`` steps over
-    ``n_cal_windows`` fixed broad windows (start vector from ``seed``); cached per base."""
+    ``n_cal_windows`` fixed broad windows (the start vector from the run's ``curvature`` stream); cached per base."""
 
     k: int = 20
     lanczos_iters: int = 50
     n_cal_windows: int = 64
-    seed: int = 0
 
 
 def calibration_batches(general: Mapping[str, Tensor], n_windows: int, batch_size: int = 32) -> list[dict]:
@@ -419,10 +419,11 @@ def broad_hessian_basis(
     model: nn.Module,
     batches: Sequence[Mapping[str, Tensor]],
     plan: CurvatureBasisPlan,
+    seed: int,
     flat: C.FlatParams | None = None,
     theta0: Tensor | None = None,
 ) -> C.Eigen:
-    """Step 1: the top-``plan.k`` Lanczos pairs (``plan.lanczos_iters`` steps, start vector from ``plan.seed``) of
+    """Step 1: the top-``plan.k`` Lanczos pairs (``plan.lanczos_iters`` steps, start vector from ``seed``) of
     the Hessian of the mean next-token CE over ``batches`` at ``theta0`` (default: the model's own parameters,
     flattened over ``named_parameters()``), in eval mode and on one thread (the basis must not depend on the
     process's thread count); vectors in float32."""
@@ -435,16 +436,24 @@ def broad_hessian_basis(
     model.eval()
     torch.set_num_threads(1)  # the cached artifact must not depend on the process's thread count
     try:
-        eig = C.lanczos(C.hessian_operator(f, theta0), flat.size, plan.k, plan.lanczos_iters, plan.seed)
+        eig = C.lanczos(C.hessian_operator(f, theta0), flat.size, plan.k, plan.lanczos_iters, seed)
     finally:
         torch.set_num_threads(threads)
         model.train(was)
     return C.Eigen(eig.values, eig.vectors.float(), eig.residuals, eig.ritz_all)
 
 
-def basis_cache_path(base: TinyBase, plan: CurvatureBasisPlan) -> Path:
-    """Where ``LockInFT`` caches the basis of a tiny base (keyed by the base recipe and the plan)."""
-    key = cache_key({"base": dataclasses.asdict(base), "curv": dataclasses.asdict(plan)})
+def basis_cache_path(base: TinyBase, plan: CurvatureBasisPlan, base_seed: int, lanczos_seed: int) -> Path:
+    """Where ``LockInFT`` caches the basis of a tiny base (keyed by the base recipe and its seed, the plan and the
+    Lanczos start vector's seed)."""
+    key = cache_key(
+        {
+            "base": dataclasses.asdict(base),
+            "base_seed": base_seed,
+            "curv": dataclasses.asdict(plan),
+            "lanczos_seed": lanczos_seed,
+        }
+    )
     return cache_dir() / f"lockin_basis-{key}.pt"
 
 
@@ -499,16 +508,18 @@ class LockInFT(L.LightningModule):
         self.basis: C.Eigen | None = None
         self.trajectory: list[dict] = []
 
-    # -- curvature basis at θ0 (cached per base and plan) --
+    # -- curvature basis at θ0 (cached per base, plan and start vector) --
     def curvature_basis(self) -> C.Eigen:
         if self.basis is not None:
             return self.basis
-        path = basis_cache_path(self.base_cfg, self.curv)
+        lanczos_seed = derive_seed("curvature")
+        path = basis_cache_path(self.base_cfg, self.curv, derive_seed("backbone"), lanczos_seed)
+        record_artefact("curvature_basis", path.stem)  # the cache key names the base, the plan and the seeds
         self.basis = load_basis(path)
         if self.basis is not None:
             return self.basis
         batches = calibration_batches(self.trainer.datamodule.eval_set("general"), self.curv.n_cal_windows)
-        eig = broad_hessian_basis(self.model, batches, self.curv, self.flat, self.theta0)
+        eig = broad_hessian_basis(self.model, batches, self.curv, lanczos_seed, self.flat, self.theta0)
         save_basis(eig, path)
         self.basis = eig
         return eig
@@ -610,30 +621,44 @@ class LockInFT(L.LightningModule):
 
 
 # ---- the card's report hook -----------------------------------------------------------------------------------
-STANDARD_RUNS = ("lr1e-4", "lr3e-4", "lr1e-3", "l2sp")
-
-
 def _linear_r2(x: Sequence[float], y: Sequence[float]) -> float:
     return linear_fit(x, y)["r2"]
 
 
-def lock_in_statistics(trajectories: dict[str, list[dict]]) -> dict[str, float]:
-    """Per seed: collapse R²_T and drift R²_d pooled over the standard runs (lr 1e-4, 3e-4, 1e-3, L2-SP) and
-    R²_T over the three lr runs alone; Spearman of final h with final ΔL_B over the standard runs; linear R² of
-    L_B on h_t pooled over their (run, t) points; drift ratio projected / plain and whether their two final points
-    are a drift-paradox witness."""
-    std = [trajectories[r] for r in STANDARD_RUNS if r in trajectories]
-    pts = [p for tr in std for p in tr]
-    lr_pts = [p for r in STANDARD_RUNS[:3] for p in trajectories.get(r, [])]
+def _points(runs: Sequence[Mapping]) -> list[dict]:
+    return [p for r in runs for p in r["trajectory"]]
+
+
+def lock_in_statistics(runs: Sequence[Mapping]) -> dict[str, float]:
+    """The statistics of one seed's runs, each as its ``trajectory.json`` holds it (``{"stabilizer": {lr,
+    weight_decay, l2sp}, "projection", "trajectory"}``), classified by what they ran, not by their names: the
+    *standard* runs are the unprojected ones (the stabilisers), the *lr-only* runs those of them without L2-SP or
+    weight decay. Collapse R²_T and drift R²_d pooled over the standard runs, R²_T over the lr-only ones; Spearman
+    of final h with final ΔL_B over the standard runs; linear R² of L_B on h_t pooled over their (run, t) points;
+    and for a projected run, against the standard run of the same stabiliser: the drift ratio projected / plain and
+    whether their two final points are a drift-paradox witness."""
+    standard = [r for r in runs if r["projection"] == "none"]
+    lr_only = [r for r in standard if not r["stabilizer"]["l2sp"] and not r["stabilizer"]["weight_decay"]]
+    pts, lr_pts = _points(standard), _points(lr_only)
+    finals = [r["trajectory"][-1] for r in standard]
     out = {
         "collapse_r2": collapse_r2([p["L_T"] for p in pts], [p["L_B"] for p in pts]),
         "collapse_r2_lr_only": collapse_r2([p["L_T"] for p in lr_pts], [p["L_B"] for p in lr_pts]),
         "drift_r2": drift_r2([p["drift"] for p in pts], [p["L_B"] for p in pts]),
-        "harm_spearman": spearman([tr[-1]["h"] for tr in std], [tr[-1]["dL_B"] for tr in std]),
+        "harm_spearman": spearman([f["h"] for f in finals], [f["dL_B"] for f in finals]),
         "harm_r2": _linear_r2([p["h"] for p in pts], [p["L_B"] for p in pts]),
     }
-    if "lr1e-3" in trajectories and "projected" in trajectories:
-        a, b = trajectories["lr1e-3"][-1], trajectories["projected"][-1]
+    projected = [r for r in runs if r["projection"] != "none"]
+    if len(projected) > 1:
+        raise ValueError(f"one projected run per seed, got {len(projected)}")
+    if projected:
+        plain = [r for r in standard if r["stabilizer"] == projected[0]["stabilizer"]]
+        if len(plain) != 1:
+            raise ValueError(
+                f"the projected run ({projected[0]['stabilizer']}) needs exactly one unprojected run with the "
+                f"same stabiliser to be compared with, got {len(plain)}"
+            )
+        a, b = plain[0]["trajectory"][-1], projected[0]["trajectory"][-1]
         out["drift_ratio"] = b["drift"] / a["drift"]
         out["final_witness"] = float(
             bool(paradox_witnesses([a["drift"], b["drift"]], [a["dL_B"], b["dL_B"]]))
@@ -641,13 +666,21 @@ def lock_in_statistics(trajectories: dict[str, list[dict]]) -> dict[str, float]:
     return out
 
 
-# the card's run of each trajectory label (seeds/lock_in.yaml)
-RUN_OF = {"lr1e-4": "lr1e4", "lr3e-4": "lr3e4", "lr1e-3": "lr1e3", "l2sp": "l2sp", "projected": "projected"}
+def setting_label(run: Mapping) -> str:
+    """What a run ran, for a legend: ``lr 0.001``, ``lr 0.001, L2-SP 0.05``, ``lr 0.001, projected``."""
+    stab = run["stabilizer"]
+    parts = [f"lr {stab['lr']:g}"]
+    parts += [f"L2-SP {stab['l2sp']:g}"] if stab["l2sp"] else []
+    parts += [f"wd {stab['weight_decay']:g}"] if stab["weight_decay"] else []
+    parts += ["projected"] if run["projection"] != "none" else []
+    return ", ".join(parts)
 
 
 def report(result, out_dir):
-    """``report_hook`` of seeds/lock_in.yaml: ``lock_in_statistics`` per seed (``derived.<name>_min`` and
-    ``_max`` over seeds, ``final_witness_seeds``), a per-seed table and the trajectories of the first seed."""
+    """``report_hook`` of seeds/lock_in.yaml: ``lock_in_statistics`` per seed over every run that wrote a
+    ``trajectory.json`` (its stabiliser and projection say what it is; the card's run names are not read):
+    ``derived.<name>_min`` and ``_max`` over seeds, ``final_witness_seeds``, a per-seed table and the trajectories
+    of the first seed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -655,23 +688,21 @@ def report(result, out_dir):
 
     from litlab.lit_modules.core.results import ReportExtras
 
-    per_seed: list[dict[str, float]] = []
-    first: dict[str, list[dict]] = {}
-    for i, _seed in enumerate(result.seeds):
-        trajs = {}
-        for label, run in RUN_OF.items():
-            if run in result.runs:
-                path = result.runs[run].runs[i].run_dir / "trajectory.json"
-                trajs[label] = json.loads(path.read_text())["trajectory"]
-        per_seed.append(lock_in_statistics(trajs))
-        first = first or trajs
+    by_seed: dict[int, list[dict]] = {seed: [] for seed in result.seeds}
+    for _, run in result.distinct_runs():
+        for seed_run in run.runs:
+            path = Path(seed_run.run_dir) / "trajectory.json"
+            if path.exists():
+                by_seed[seed_run.seed].append(json.loads(path.read_text()))
+    per_seed = [lock_in_statistics(by_seed[seed]) for seed in result.seeds]
     numbers = {}
     for key in per_seed[0]:
         vals = [s[key] for s in per_seed]
         numbers[f"{key}_min"], numbers[f"{key}_max"] = min(vals), max(vals)
     numbers["final_witness_seeds"] = sum(s.get("final_witness", 0.0) for s in per_seed)
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    for label, tr in first.items():
+    for run in by_seed[result.seeds[0]]:
+        tr, label = run["trajectory"], setting_label(run)
         ax[0].plot([p["L_T"] for p in tr], [p["L_B"] for p in tr], marker=".", label=label)
         ax[1].plot([p["drift"] for p in tr], [p["L_B"] for p in tr], marker=".", label=label)
     ax[0].set(

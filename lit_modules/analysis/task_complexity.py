@@ -62,6 +62,7 @@ from litlab.lit_modules.core.corpus import CharTokenizer
 from litlab.lit_modules.core.io import atomic_write_json
 from litlab.lit_modules.core.models import TinyGPT
 from litlab.lit_modules.core.pretrain import train_and_cache
+from litlab.lit_modules.core.seeding import derive_seed
 
 State = Literal["random", "pretrained", "posttrained"]
 STATES = ("random", "pretrained", "posttrained")
@@ -114,8 +115,9 @@ class SumsBase(TinyBase):
     """The CPU recipe's checkpoints (``TinyBase``'s architecture fields; cached by ``core.pretrain.train_and_cache``):
     θ_pre = ``pretrain_steps`` steps (batch ``batch_size`` x ``block_size`` characters, lr ``lr``) on ``corpus_lines``
     sums lines with the words style in ``words_frac`` of them; θ_post = θ_pre + ``post_steps`` steps (lr
-    ``post_lr``) on words-style lines for a in 0..4; θ_rand = the initialisation θ_pre started from. ``seed`` seeds
-    the init, the corpora and the windows."""
+    ``post_lr``) on words-style lines for a in 0..4; θ_rand = the initialisation θ_pre started from. The run's
+    ``backbone`` stream (``core.seeding.derive_seed``) seeds the init, the corpora and the windows: the three states
+    of one run seed share them."""
 
     pretrain_steps: int = 1500
     heads: int = 4
@@ -135,25 +137,27 @@ class SumsBase(TinyBase):
 
     def random_init(self) -> TinyGPT:
         with torch.random.fork_rng():
-            torch.manual_seed(self.seed)  # the init train_and_cache builds θ_pre from
+            torch.manual_seed(derive_seed("backbone"))  # the init train_and_cache builds θ_pre from
             return self._build().eval()
 
     def pretrained(self) -> TinyGPT:
-        args = dataclasses.asdict(self)
+        seed = derive_seed("backbone")
+        args = {**dataclasses.asdict(self), "seed": seed}  # the cache key holds the seed
         for k in ("post_steps", "post_lr"):
             args.pop(k)
-        text = pretraining_text(self.corpus_lines, self.words_frac, self.seed)
-        bs, block, seed = self.batch_size, self.block_size, self.seed
+        text = pretraining_text(self.corpus_lines, self.words_frac, seed)
+        bs, block = self.batch_size, self.block_size
         train = lambda m: _train_lm(m, text, self.pretrain_steps, self.lr, bs, block, seed)  # noqa: E731
-        return train_and_cache("tc_sums_pre", args, self.seed, self._build, train, threads=1).eval()
+        return train_and_cache("tc_sums_pre", args, seed, self._build, train, threads=1).eval()
 
     def posttrained(self) -> TinyGPT:
         pre = self.pretrained()
-        text = posttraining_text(self.corpus_lines // 4, self.seed + 1)
-        bs, block, seed = self.batch_size, self.block_size, self.seed + 1
-        train = lambda m: _train_lm(m, text, self.post_steps, self.post_lr, bs, block, seed)  # noqa: E731
-        args = dataclasses.asdict(self)
-        return train_and_cache("tc_sums_post", args, self.seed, lambda: copy.deepcopy(pre), train, 1).eval()
+        seed = derive_seed("backbone")
+        text = posttraining_text(self.corpus_lines // 4, seed + 1)
+        bs, block = self.batch_size, self.block_size
+        train = lambda m: _train_lm(m, text, self.post_steps, self.post_lr, bs, block, seed + 1)  # noqa: E731
+        args = {**dataclasses.asdict(self), "seed": seed}
+        return train_and_cache("tc_sums_post", args, seed, lambda: copy.deepcopy(pre), train, 1).eval()
 
     def checkpoint(self, state: str) -> TinyGPT:
         if state not in STATES:
@@ -168,8 +172,9 @@ class StrategyPlan:
     """The strategies and their size knobs (the CPU recipe's values): ``icl_k`` prompt sizes; ``online_n`` numbers
     of transmitted examples (full fine-tuning, ``steps`` AdamW steps at ``lr``, batch ``batch_size``); LoRA of rank
     ``lora_rank`` (alpha ``lora_alpha``) on ``lora_targets`` trained ``steps`` steps at ``lora_lr`` on the first
-    ``lora_examples`` examples, then quantised to each of ``lora_bits``; ``seed`` fixes the epoch order after the
-    first (the decoder replays it) and the LoRA init; ``max_new_tokens`` of greedy decoding."""
+    ``lora_examples`` examples, then quantised to each of ``lora_bits``; ``max_new_tokens`` of greedy decoding. The
+    epoch order after the first (the decoder replays it) and the LoRA init come from the run's ``data.epoch_order``
+    and ``init`` streams (``core.seeding.derive_seed``)."""
 
     baseline: bool = True
     icl_k: tuple[int, ...] = (1, 2, 4)
@@ -184,7 +189,6 @@ class StrategyPlan:
     lora_targets: tuple[str, ...] = LORA_TARGETS
     lora_bits: tuple[int, ...] = (16, 4, 2)
     max_new_tokens: int = 10
-    seed: int = 0
 
 
 SUMS_BASE = SumsBase()
@@ -437,18 +441,20 @@ def online_point(
     for p in m.parameters():
         p.requires_grad_(True)
     params = list(m.parameters())
+    order_seed = derive_seed("data.epoch_order")
     bits = fit_examples(
-        m, examples[:n], params, plan.steps, plan.lr, plan.batch_size, plan.seed, True, tokenizer=tokenizer
+        m, examples[:n], params, plan.steps, plan.lr, plan.batch_size, order_seed, True, tokenizer=tokenizer
     )
     perf = exact_match(m, eval_pairs, max_new=plan.max_new_tokens, tokenizer=tokenizer)
     return _row("online", f"n={n}", int(bits), perf)
 
 
 def add_lora(model: nn.Module, plan: StrategyPlan) -> tuple[nn.Module, list[nn.Parameter]]:
-    """A copy of ``model`` with rank-``lora_rank`` LoRA on every matching linear (base frozen), and its factors."""
+    """A copy of ``model`` with rank-``lora_rank`` LoRA on every matching linear (base frozen), and its factors,
+    initialised from the run's ``init`` stream."""
     m = copy.deepcopy(model)
     with torch.random.fork_rng():
-        torch.manual_seed(plan.seed)
+        torch.manual_seed(derive_seed("init"))
         adapted = inject_adapters(m, list(plan.lora_targets), rank=plan.lora_rank, alpha=plan.lora_alpha)
     return m, adapter_parameters(adapted)
 
@@ -462,7 +468,8 @@ def lora_points(
 ) -> list[dict]:
     m, params = add_lora(model, plan)
     train = examples[: plan.lora_examples]
-    fit_examples(m, train, params, plan.steps, plan.lora_lr, plan.batch_size, plan.seed, tokenizer=tokenizer)
+    order_seed = derive_seed("data.epoch_order")
+    fit_examples(m, train, params, plan.steps, plan.lora_lr, plan.batch_size, order_seed, tokenizer=tokenizer)
 
     def perf() -> float:
         return exact_match(m, eval_pairs, max_new=plan.max_new_tokens, tokenizer=tokenizer)
@@ -588,19 +595,21 @@ SMOLLM2_BASE = "HuggingFaceTB/SmolLM2-135M"  # its pre-trained base: not in the 
 
 
 def hf_checkpoint(
-    backbone: str, state: str, seed: int, revision: str | None = None, dtype: str = "float32"
+    backbone: str, state: str, seed: int | None = None, revision: str | None = None, dtype: str = "float32"
 ) -> tuple[nn.Module, HFTokens]:
     """The ``state`` checkpoint of a Hugging Face causal LM and its tokenizer. ``backbone="smollm2"``: posttrained =
     SmolLM2-135M-Instruct (offline, ``core.hf.load_smollm2``), pretrained = ``SMOLLM2_BASE`` (local folder or HF
     cache, else ``ModelUnavailableError`` naming it), random = the same ``LlamaConfig`` initialised from ``seed``;
     any other id or folder is loaded as it is for pretrained / posttrained (``revision`` picks the checkpoint) and
-    its config is initialised from ``seed`` for random."""
+    its config is initialised from ``seed`` for random (the only state that reads ``seed``)."""
     import transformers
 
     from litlab.lit_modules.core import hf
 
     if state not in STATES:
         raise ValueError(f"state must be one of {STATES}, got {state!r}")
+    if state == "random" and seed is None:
+        raise ValueError("the random state initialises the config from a seed: pass seed")
     if backbone == SMOLLM2:
         # ModelUnavailableError with the install line when the package is missing
         folder = hf.smollm2_folder()
@@ -656,7 +665,9 @@ class TaskComplexity(L.LightningModule):
         if backbone == "tiny_gpt":
             self.model = base.checkpoint(state)
         else:  # a Hugging Face causal LM; fails at once offline naming what to download
-            self.model, self.tokens = hf_checkpoint(backbone, state, base.seed, revision, dtype)
+            # published weights need no seed; the random state draws its init from the run's backbone stream
+            seed = derive_seed("backbone") if state == "random" else None
+            self.model, self.tokens = hf_checkpoint(backbone, state, seed, revision, dtype)
             self.strict_loading = False  # its weights are not in the run's checkpoint (on_save_checkpoint)
         for p in self.model.parameters():
             p.requires_grad_(False)
