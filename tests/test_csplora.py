@@ -298,7 +298,7 @@ def test_smollm2_probe_changes_nothing_spends_the_budget_and_bounds_its_memory()
     from litlab.lit_modules.peft.csplora import CSPLoRALanguageProbe, PlannerConfig
 
     probe = CSPLoRALanguageProbe(planner=PlannerConfig(probe_batches=3, probe_batch_size=4))
-    data = LMCalibrationText(seed=0)
+    data = LMCalibrationText()
     lm = probe.base_model()
     before = {k: v.clone() for k, v in lm.state_dict().items()}
     plan = probe.make_rank_plan(data)
@@ -310,3 +310,48 @@ def test_smollm2_probe_changes_nothing_spends_the_budget_and_bounds_its_memory()
     assert plan.probe["steps"] == 3 and plan.probe["peak_rss_increase_mb"] > 0
     ratio = plan.probe["peak_rss_increase_mb"] / plan.probe["target_weights_mb"]
     assert ratio <= 2.0, f"peak memory {ratio:.2f}x the probed weights (bound 2x, fixed before measuring)"
+
+
+def test_litlab_plan_refuses_a_model_that_cannot_probe_naming_the_member():
+    """``litlab plan`` checks its ``RankPlanner`` contract before probing: a model without ``make_rank_plan``
+    (Gap-Init's) is refused with the member and the models that have one."""
+    from litlab.lit_modules.core.errors import ConfigError
+    from litlab.plan import main
+
+    with pytest.raises(ConfigError, match="lacks 'make_rank_plan'.*CSPLoRAClassifier"):
+        main(["--config", "configs/gap_init/quick.yaml", "--out", "unused.json"])
+
+
+def test_report_finds_the_lm_probe_by_what_it_wrote_not_by_its_card_name(tmp_path):
+    """The report hook maps the run whose folders hold a plan and per-budget ranks (CSPLoRALanguageProbe's
+    outputs), whatever the card calls it, and leaves a card without one alone."""
+    from litlab.lit_modules.core.results import CardResult, RunResult, SeedRun
+    from litlab.lit_modules.peft.csplora import report
+
+    names = [f"model.layers.{i}.self_attn.{p}" for i in range(3) for p in ("q_proj", "v_proj")]
+    seeds = []
+    for seed in (0, 1):
+        folder = tmp_path / f"probe-s{seed}"
+        folder.mkdir()
+        scores = {n: float(1 + i + 0.1 * seed * (i % 2)) for i, n in enumerate(names)}
+        probe = {"steps": 2, "wall_s": 1.0, "peak_rss_increase_mb": 3.0, "target_weights_mb": 2.0}
+        probe["memory_measure"] = "vmhwm"
+        families = {n: rp.family_of(n) for n in names}
+        plan = RankPlan(scores=scores, families=families, base_model="tiny", probe=probe)
+        plan.save(folder / "rank_plan.json")
+        ranks = plan.ranks(4, 1, 16)
+        (folder / "ranks_r4.json").write_text(json.dumps({"r_base": 4, "r_min": 1, "ranks": ranks}))
+        seeds.append(SeedRun(seed=seed, value=1.0, run_dir=folder))
+    toy_dir = tmp_path / "toy-s0"
+    toy_dir.mkdir()
+    (toy_dir / "ranks.json").write_text("{}")
+
+    def result(runs: dict[str, RunResult]) -> CardResult:
+        return CardResult("csplora", "t", "c", "quick", [0, 1], "val/acc", "max", runs, "today", 0.0)
+
+    probe_run = RunResult("any_name", "probe/peak_over_target_weights", [0, 1], [1.0, 1.0], 1.0, 0.0, seeds)
+    toy_run = RunResult("uniform_r1", "val/acc", [0], [0.5], 0.5, 0.0, [SeedRun(0, 0.5, toy_dir)])
+    extras = report(result({"uniform_r1": toy_run, "any_name": probe_run}), tmp_path / "out")
+    assert 0.9 < extras.numbers["smol_min_spearman"] <= 1.0
+    assert (tmp_path / "out" / "csplora_smollm2_saliency.png").is_file()
+    assert report(result({"uniform_r1": toy_run}), tmp_path / "out2").numbers == {}

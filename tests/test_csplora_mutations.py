@@ -1,12 +1,13 @@
 """seeds/csplora.yaml under issue 28: the card's mechanism claims against a broken planner (mutation tests), and
 the parameter parity that left the card for a test.
 
-On a small version of the card's toy (a 1-epoch token TinyViT, 30 base and 40 downstream samples per class, the
-card's seeds 0-2), the real planner satisfies each mechanism claim's ``op target`` and a plausible wrong
+On a small version of the card's toy (a 1-epoch token TinyViT, 30 base and 40 downstream samples per class, run
+seeds 0-2 as the card's, each drawing data, backbone, probe and init), the real planner satisfies each mechanism claim's ``op target`` and a plausible wrong
 implementation violates it:
 
 - ``rank_moves_to_the_shift`` (embed + block 0 get > 5 of the 17 ranks at r_base 1, on every seed): a saliency
-  that does not read the task gradient (the base weight's magnitude |W|) leaves the ranks where the shift is not;
+  that does not read the task gradient (the base weight's magnitude |W|) moves less rank to the shift on every
+  seed, but since the one-run-seed migration no longer below the claim's threshold (an xfail says so);
 - ``smol_plan_stable_across_probe_sets`` (smallest Spearman of the structural prior s between probes of different
   calibration batches >= 0.9): a saliency that sums the signed products W * dL/dW before taking the magnitude
   (|sum W*grad| instead of sum |W*grad|) cancels inside each module and its order follows the probe batches.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import itertools
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 from scipy.stats import spearmanr
@@ -26,20 +28,28 @@ from litlab.lit_modules.core import rank_plan as rp
 from litlab.lit_modules.peft import csplora as csplora_module
 from litlab.lit_modules.peft.csplora import CSPLoRAClassifier, PlannerConfig, TokenViTBase
 
-SEEDS = (0, 1, 2)  # the card's quick seeds
+SEEDS = (0, 1, 2)  # run seeds, as the card's first three
 FIRST_BLOCK = ("embed", "blocks.0.")
 RANK_TARGET = 5  # rank_moves_to_the_shift: op ">", target 5 (uniform r = 1 gives embed + block 0 five ranks)
 STABLE_TARGET = 0.9  # smol_plan_stable_across_probe_sets: op ">=", target 0.9
 
 
+@pytest.fixture(autouse=True)
+def run_seed_restored(monkeypatch):
+    """``_toy`` sets the run seed (``PL_GLOBAL_SEED``, what ``derive_seed`` reads); it is restored after each test."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+
+
 def _toy(
     seed: int, probe_batches: int = 10, plan: str = "csplora"
 ) -> tuple[CSPLoRAClassifier, PlanningTaskData]:
-    dm = PlanningTaskData(seed=seed, base_per_class=30, train_per_class=40, test_per_class=10)
+    """The toy at run seed ``seed`` (the data, backbone, probe and head are drawn when first used)."""
+    L.seed_everything(seed, verbose=False)
+    dm = PlanningTaskData(base_per_class=30, train_per_class=40, test_per_class=10)
     model = CSPLoRAClassifier(
         plan=plan,
         r_base=1,
-        base=TokenViTBase(epochs=1, seed=seed),
+        base=TokenViTBase(epochs=1),
         planner=PlannerConfig(probe_batches=probe_batches),
     )
     return model, dm
@@ -85,13 +95,25 @@ def _signed_taylor_saliency(model, modules, batches, loss_and_confidence, settin
     }
 
 
-def test_rank_moves_to_the_shift_unless_the_saliency_ignores_the_gradient(monkeypatch):
+def test_rank_moves_to_the_shift_less_when_the_saliency_ignores_the_gradient(monkeypatch):
     real = [_first_block_rank(seed) for seed in SEEDS]
     assert all(r > RANK_TARGET for r in real), real  # the claim holds for the real planner on every seed
     monkeypatch.setattr(csplora_module, "probe_saliency", _magnitude_saliency)
     broken = [_first_block_rank(seed) for seed in SEEDS]
-    assert not all(r > RANK_TARGET for r in broken), broken  # ... and fails for the broken one
-    assert min(broken) < min(real)
+    assert all(b < r for b, r in zip(broken, real)), (broken, real)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the claim's fails_if (a |W| saliency gives 6, 4, 5 first-block ranks on seeds 0-2) held on the draws "
+    "before the one-run-seed migration (issue 29); at run seeds 0-2 the |W| planner gives 9, 9, 9 (real: 10, 10, "
+    "10; 7-9 at run seeds 3-5, measured 2026-12-06): still above uniform's 5, so rank_moves_to_the_shift does not "
+    "catch this mutation any more",
+)
+def test_rank_moves_to_the_shift_fails_when_the_saliency_ignores_the_gradient(monkeypatch):
+    monkeypatch.setattr(csplora_module, "probe_saliency", _magnitude_saliency)
+    broken = [_first_block_rank(seed) for seed in SEEDS]
+    assert not all(r > RANK_TARGET for r in broken), broken
 
 
 def _min_spearman_across_probe_sets(seed: int) -> float:

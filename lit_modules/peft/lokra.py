@@ -40,7 +40,7 @@ from litlab.lit_modules.core.adapters import (
     inject_adapters,
     target_linear_names,
 )
-from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.core.hf import load_causal_lm
 from litlab.lit_modules.core.kruskal import normalize_columns
 from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt
@@ -53,6 +53,7 @@ from litlab.lit_modules.core.rank_plan import (
     probe_saliency,
 )
 from litlab.lit_modules.core.schedules import warmup_then_decay_lr
+from litlab.lit_modules.core.seeding import derive_seed
 
 Mode = Literal["lora", "lokra", "lokra_plus"]
 BlockMode = Literal["random", "fixed"]
@@ -68,8 +69,8 @@ class KruskalPenalty:
     ``lam`` λ; ``eps`` ε added to each block's Gram; ``delta`` δ guarding zero columns in the normalisation;
     ``block_mode`` "random" (fresh disjoint blocks each step) or "fixed" (contiguous blocks); ``normalize``
     unit-norm columns first (False: the unnormalised alternative, pair it with a norm penalty); ``every``
-    add the penalty every this many steps; ``warmup_steps`` ramp λ linearly over these steps (0: none);
-    ``seed`` the blocks of step t are drawn from ``seed + t``.
+    add the penalty every this many steps; ``warmup_steps`` ramp λ linearly over these steps (0: none).
+    The random blocks of step t are drawn from the run seed's ``"penalty.blocks"`` stream + t.
     """
 
     lam: float = 1e-3
@@ -79,7 +80,6 @@ class KruskalPenalty:
     normalize: bool = True
     every: int = 1
     warmup_steps: int = 0
-    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.lam < 0:
@@ -109,16 +109,15 @@ class AdapterPlan:
 @config_part
 class TinyBase:
     """The frozen base of the quick scale: a TinyGPT pre-trained for ``pretrain_steps`` on the first half of
-    the local corpus (cached; ``litlab.lit_modules.core.pretrain.pretrained_tiny_gpt``). ``seed`` seeds its
-    initialisation and its pre-training windows: one base per seed (the card passes its seed here, so the
-    evidence spans several bases, not one)."""
+    the local corpus (cached; ``litlab.lit_modules.core.pretrain.pretrained_tiny_gpt``). The run seed's
+    ``"backbone"`` stream seeds its initialisation and its pre-training windows: one base per run seed, so a
+    card's evidence spans several bases, not one."""
 
     pretrain_steps: int = 300
     d_model: int = 64
     layers: int = 2
     heads: int = 4
     block_size: int = 128
-    seed: int = 0
 
 
 # defaults of the constructors (frozen, so one shared instance is safe)
@@ -197,15 +196,23 @@ class LoKRARule:
 
     def __init__(self, adapted: Mapping[str, AdapterLinear], penalty: KruskalPenalty):
         self.adapted, self.config = adapted, penalty
+        self.blocks_seed = derive_seed("penalty.blocks")
 
     def penalty(self, step: int) -> Tensor:
-        """Mean over layers of P(A) + P(Bᵀ) (or P(D) + P(C)); blocks drawn from seed + step."""
+        """Mean over layers of P(A) + P(Bᵀ) (or P(D) + P(C)); step t's blocks drawn from the stream's seed + t."""
         cfg = self.config
-        gen = torch.Generator().manual_seed(cfg.seed + step)
+        gen = torch.Generator().manual_seed(self.blocks_seed + step)
         return adapter_regularizer(
             self.adapted,
             lambda _m, _b, branch: sum(
-                blockwise_logdet_penalty(M, None, gen, cfg.eps, cfg.delta, cfg.block_mode, cfg.normalize)
+                blockwise_logdet_penalty(
+                    M,
+                    generator=gen,
+                    eps=cfg.eps,
+                    delta=cfg.delta,
+                    block_mode=cfg.block_mode,
+                    normalize=cfg.normalize,
+                )
                 for M in branch.kruskal_factors()
             ),
         )
@@ -217,9 +224,10 @@ class _LoKRABase(L.LightningModule):
     adapted: dict[str, AdapterLinear]
 
     def _adapt(self, mode: Mode, adapter: AdapterPlan, penalty: KruskalPenalty) -> None:
-        self.mode, self.penalty_cfg = mode, penalty
-        self.adapted = inject_lokra(self.model, mode, adapter)
-        self.rule = LoKRARule(self.adapted, penalty)
+        self.mode = mode
+        self.penalty_cfg = as_config(KruskalPenalty, penalty, "penalty")
+        self.adapted = inject_lokra(self.model, mode, as_config(AdapterPlan, adapter, "adapter"))
+        self.rule = LoKRARule(self.adapted, self.penalty_cfg)
 
     def task_loss(self, batch) -> Tensor:
         raise NotImplementedError
@@ -311,13 +319,14 @@ class LoKRALanguageModel(_LoKRABase):
         super().__init__()
         self.save_hyperparameters()
         if backbone == "tiny_gpt":
+            base = as_config(TinyBase, base, "base")
             self.model = pretrained_tiny_gpt(
                 steps=base.pretrain_steps,
                 d_model=base.d_model,
                 n_layers=base.layers,
                 n_heads=base.heads,
                 block_size=base.block_size,
-                seed=base.seed,
+                seed=derive_seed("backbone"),
             )
         else:
             self.model = load_causal_lm(backbone, dtype=dtype)

@@ -38,10 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.config import as_config, config_part
+from litlab.lit_modules.core.contracts import check_protocol
 from litlab.lit_modules.core.models import TinyGPT
 from litlab.lit_modules.core.pretrain import train_and_cache
 from litlab.lit_modules.core.results import CardResult, ReportExtras
+from litlab.lit_modules.core.seeding import derive_seed
+from litlab.lit_modules.peft.contract import NumericSplits, RegressionText, SyntheticRecords
 
 
 # ---- pure functions: the LM's numeric distribution and the losses -------------------------------------------
@@ -80,7 +83,9 @@ def sequence_scores(logits: Tensor, answers: Tensor) -> Tensor:
 class CharBackbone:
     """The CPU stand-in for a pre-trained LLM: TinyGPT (``layers``, ``d_model``, ``heads``, learned positions up to
     ``block_size``) pre-trained for ``pretrain_steps`` (batch ``batch_size``, AdamW ``lr``, plain LM loss) on
-    synthetic records drawn with ``seed``; cached. The spec keeps it fixed across seeds."""
+    synthetic records; cached. ``seed`` pins its init and records (the ``"backbone"`` stream,
+    ``derive_seed(..., fixed=seed)``): the spec keeps the backbone fixed across seeds, as the paper's frozen LLM is
+    one model whatever the seed. ``seed=None`` draws it from the run seed instead."""
 
     d_model: int = 64
     layers: int = 2
@@ -89,20 +94,22 @@ class CharBackbone:
     pretrain_steps: int = 500
     batch_size: int = 16
     lr: float = 3e-3
-    seed: int = 0
+    seed: int | None = 0
 
 
 BACKBONE = CharBackbone()
 
 
 def pretrained_char_gpt(cfg: CharBackbone, records_fn, vocab_size: int, pad_id: int) -> TinyGPT:
-    """TinyGPT trained next-token on ``records_fn(n, seed)`` (pad targets ignored), cached and frozen."""
+    """TinyGPT trained next-token on ``records_fn(n, seed)`` (pad targets ignored), cached and frozen; ``seed``
+    is the ``"backbone"`` stream (pinned by ``cfg.seed``)."""
+    seed = derive_seed("backbone", fixed=cfg.seed)
 
     def build() -> TinyGPT:
         return TinyGPT(vocab_size, cfg.d_model, cfg.layers, cfg.heads, block_size=cfg.block_size)
 
     def train(model: TinyGPT) -> None:
-        data = records_fn(cfg.pretrain_steps * cfg.batch_size, cfg.seed)
+        data = records_fn(cfg.pretrain_steps * cfg.batch_size, seed)
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
         for batch in data.split(cfg.batch_size):
             logits = model(batch[:, :-1])
@@ -117,9 +124,7 @@ def pretrained_char_gpt(cfg: CharBackbone, records_fn, vocab_size: int, pad_id: 
         for k in ("d_model", "layers", "heads", "block_size", "pretrain_steps", "batch_size", "lr")
     }
     args["vocab"] = vocab_size
-    model = train_and_cache(
-        "spr_raft_char_gpt", {**args, "seed": cfg.seed}, cfg.seed, build, train, threads=1
-    )
+    model = train_and_cache("spr_raft_char_gpt", {**args, "seed": seed}, seed, build, train, threads=1)
     return model.eval().requires_grad_(False)
 
 
@@ -144,13 +149,14 @@ class SPRRAFT(L.LightningModule):
     """Soft prompt + ``[REG]`` readout head + RAFT loss on a frozen LM (see the module docstring).
 
     ``lambda_ce``, ``lambda_raft``, ``lambda_reg`` weigh (3)–(5). ``prompt_len`` m; ``head_hidden`` and
-    ``head_dropout`` the head's; ``init_seed`` seeds P (N(0, 0.02²)) and the head. AdamW ``lr``, ``weight_decay``
-    on the head only, gradient clipping by the Trainer. Logged on both evaluation loaders (``val/…`` and
-    ``test/…``): ``mae`` (of the ``predict_with`` prediction), ``mae_head``, ``mae_grid``, ``mae_argmax``, ``mae_mean`` (of head and grid), ``rmse_head``,
-    ``r2_head``; and ``check/backbone_max_change`` (max |θ − θ₀| over the frozen backbone: 0 when frozen).
-    The DataModule is ``litlab.datamodules.text_regression.TextRegressionDataModule`` (read through
-    ``trainer.datamodule``: ``reg_index``, ``width``, ``raft_grid``, ``encode_answers``, ``synthetic_records``,
-    ``target_mean``/``target_std``, and the vocabulary's ``REG``/``PAD``/digit ids in ``token_ids``).
+    ``head_dropout`` the head's; the run seed's ``"init"`` stream draws P (N(0, 0.02²)) and the head. AdamW
+    ``lr``, ``weight_decay`` on the head only, gradient clipping by the Trainer. Logged on each evaluation loader
+    (``val/…``, ``test/…``: the DataModule's ``eval_splits``): ``mae`` (of the ``predict_with`` prediction),
+    ``mae_head``, ``mae_grid``, ``mae_argmax``, ``mae_mean`` (of head and grid), ``rmse_head``, ``r2_head``; and
+    ``check/backbone_max_change`` (max |θ − θ₀| over the frozen backbone: 0 when frozen).
+    The DataModule provides ``litlab.lit_modules.peft.contract.RegressionText`` (and ``SyntheticRecords`` for the
+    char GPT), read through ``trainer.datamodule``; the project's is
+    ``litlab.datamodules.text_regression.TextRegressionDataModule``.
     """
 
     def __init__(
@@ -164,7 +170,6 @@ class SPRRAFT(L.LightningModule):
         huber_delta: float = 1.0,
         lr: float = 3e-3,
         weight_decay: float = 0.0,
-        init_seed: int = 0,
         base: CharBackbone = BACKBONE,
         vocab_size: int = 100,
         predict_with: Literal["head", "grid", "argmax", "mean"] = "head",
@@ -179,7 +184,7 @@ class SPRRAFT(L.LightningModule):
         self.hf = backbone == SMOLLM2
         if backbone not in ("tiny_char_gpt", SMOLLM2):
             _full_scale_backbone(backbone)
-        self.base_cfg = base if isinstance(base, CharBackbone) else CharBackbone(**base)
+        self.base_cfg = as_config(CharBackbone, base, "base")
         d = SMOLLM2_HIDDEN if self.hf else self.base_cfg.d_model
         # the pretrained LM sits in a dict, so it stays out of the state dict (checkpoints hold the trained part)
         self._frozen: dict[str, nn.Module] = {}
@@ -189,7 +194,7 @@ class SPRRAFT(L.LightningModule):
             )
             self.lm.requires_grad_(False)
         with torch.random.fork_rng():
-            torch.manual_seed(init_seed)
+            torch.manual_seed(derive_seed("init"))
             self.soft_prompt = nn.Parameter(0.02 * torch.randn(prompt_len, d))
             self.reg_embedding = nn.Parameter(torch.zeros(d))
             self.head = nn.Sequential(
@@ -207,10 +212,12 @@ class SPRRAFT(L.LightningModule):
             return
         dm = self.trainer.datamodule
         dm.setup("fit")
+        check_protocol(dm, RegressionText, type(self).__name__)
         ids = dm.token_ids
         if self.hf:
             self._setup_smollm2()
         else:
+            check_protocol(dm, SyntheticRecords, type(self).__name__)
             lm = pretrained_char_gpt(self.base_cfg, dm.synthetic_records, self.hparams.vocab_size, ids["pad"])
             self.lm.load_state_dict(lm.state_dict())
             self.lm.eval().requires_grad_(False)
@@ -224,6 +231,7 @@ class SPRRAFT(L.LightningModule):
         self.register_buffer("grid_answers", dm.encode_answers(dm.raft_grid.tolist()), persistent=False)
         self.reg_index, self.width = dm.reg_index, dm.width
         self.mu, self.sigma = dm.target_mean, dm.target_std
+        self.eval_splits = tuple(dm.eval_splits)
         self._ready = True
 
     def _setup_smollm2(self) -> None:
@@ -360,7 +368,7 @@ class SPRRAFT(L.LightningModule):
         return {"head": head, "grid": grid, "argmax": self.grid[s.argmax(-1)], "mean": (head + grid) / 2}
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        split = getattr(self.trainer.datamodule, "eval_splits", ("val", "test"))[dataloader_idx]
+        split = self.eval_splits[dataloader_idx]
         y, preds = batch["y"], self.predict_all(batch["ids"])
         self.log(
             f"{split}/mae",
@@ -393,7 +401,8 @@ class SPRRAFT(L.LightningModule):
 
 class RegressionBaseline(L.LightningModule):
     """The non-LLM references on the same splits: ``mean`` (the training mean) or ``ridge`` (RidgeCV on
-    standardised raw features). Fitted in ``setup``; logs ``val/mae`` and ``test/mae``; nothing is trained."""
+    standardised raw features). Fitted in ``setup``; logs ``<split>/mae`` on each of the DataModule's
+    ``eval_splits``; nothing is trained."""
 
     def __init__(self, kind: str = "ridge"):
         super().__init__()
@@ -406,8 +415,10 @@ class RegressionBaseline(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         dm = self.trainer.datamodule
+        check_protocol(dm, NumericSplits, type(self).__name__)
+        self.eval_splits = tuple(dm.eval_splits)
         Xtr, ytr = dm.numeric_split("train")
-        for split in ("val", "test"):
+        for split in self.eval_splits:
             X, _ = dm.numeric_split(split)
             if self.hparams.kind == "mean":
                 self._preds[split] = np.full(len(X), ytr.mean())
@@ -422,7 +433,7 @@ class RegressionBaseline(L.LightningModule):
         return None
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        split = ("val", "test")[dataloader_idx]
+        split = self.eval_splits[dataloader_idx]
         _, y = self.trainer.datamodule.numeric_split(split)
         mae = float(np.abs(self._preds[split] - y).mean())
         self.log(f"{split}/mae", mae, add_dataloader_idx=False)
