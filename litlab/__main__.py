@@ -7,24 +7,51 @@ import os
 import sys
 import warnings
 
+from litlab.lit_modules.core.errors import USER_ERRORS
+from litlab.runs import wandb_mode
+
+# LightningCLI's subcommands: `litlab.cli` imports Lightning and every method module (seconds), so only these load it
+LIGHTNING_SUBCOMMANDS = {
+    "fit": "train a model (with validation) from a config: litlab fit --config configs/<slug>/quick.yaml",
+    "validate": "one evaluation pass over the validation set",
+    "test": "one evaluation pass over the test set",
+    "predict": "the model's predictions on the predict set",
+}
 # Subcommands that are not LightningCLI's: each module has ``main(argv: list[str]) -> int``.
 TOOLS = {
-    "repro": "litlab.repro",  # run a reproduction card
-    "slurm": "litlab.slurm",  # write/submit an sbatch script for `litlab fit`
-    "sweep": "litlab.sweep",  # run a wandb sweep file locally, without a wandb server
-    "data": "litlab.data",  # build data sets locally (e.g. D4RL-layout HDF5)
-    "bench": "litlab.bench",  # timings: litlab bench <name> (the modules of benchmarks/)
-    "plan": "litlab.plan",  # CSPLoRA: probe a config's frozen base once, write a rank plan
-    "analyze": "litlab.analyze",  # training-free analyses of checkpoints: litlab analyze diffract ...
-    "export": "litlab.export",  # SALAAD: deploy a checkpoint at parameter budgets as Hugging Face models
+    "repro": ("litlab.repro", "run a reproduction card (seeds/<slug>.yaml) and judge its claims"),
+    "slurm": ("litlab.slurm", "write/submit an sbatch script for `litlab fit`"),
+    "sweep": ("litlab.sweep", "run a wandb sweep file locally, without a wandb server"),
+    "data": ("litlab.data", "build data sets locally (e.g. D4RL-layout HDF5)"),
+    "bench": ("litlab.bench", "timings: litlab bench <name> (the modules of benchmarks/)"),
+    "plan": ("litlab.plan", "CSPLoRA: probe a config's frozen base once, write a rank plan"),
+    "analyze": ("litlab.analyze", "training-free analyses of checkpoints: litlab analyze diffract ..."),
+    "export": ("litlab.export", "deploy a checkpoint as Hugging Face models (SALAAD budgets)"),
 }
+
+
+def usage() -> str:
+    rows = [f"  {name:<10}{text}" for name, text in LIGHTNING_SUBCOMMANDS.items()]
+    tools = [f"  {name:<10}{text}" for name, (_, text) in TOOLS.items()]
+    return "\n".join(
+        [
+            "usage: litlab [--debug] <subcommand> [args]   (litlab <subcommand> --help: its options)",
+            "",
+            "LightningCLI subcommands (Lightning's options, e.g. -c CONFIG, --print_config):",
+            *rows,
+            "",
+            "litlab's tools:",
+            *tools,
+            "",
+            "A user error (bad file, missing model or data, busy run folder) is one line and exit code 2;",
+            "--debug or LITLAB_DEBUG=1 shows the traceback.",
+        ]
+    )
 
 
 def prepare_process() -> None:
     """What every litlab process sets before a run (also the worker processes of ``litlab repro --jobs``)."""
     # wandb must never block a run for a login prompt: offline unless the user logged in (litlab.runs.wandb_mode).
-    from litlab.runs import wandb_mode  # lazy, like litlab.cli below: both import Lightning (seconds)
-
     os.environ.setdefault("WANDB_MODE", wandb_mode())
     os.environ.setdefault("WANDB_SILENT", "true")
     # Lightning 2.6 on torch 2.13 warns about torch's pytree API once per run: noise in a 20-run repro.
@@ -41,12 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]
     if from_shell:
         sys.argv[1:] = argv  # LightningCLI reads sys.argv itself (and warns when given args as well)
-    from litlab.lit_modules.core.errors import USER_ERRORS
-
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
     try:
         prepare_process()
-        if argv and argv[0] in TOOLS:
-            return importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
+        if argv[0] in TOOLS:
+            return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
         from litlab.cli import LitlabCLI  # imports every method module: only for LightningCLI's subcommands
 
         LitlabCLI(args=None if from_shell else argv)

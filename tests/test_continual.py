@@ -11,11 +11,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from litlab.benchmarks.continual_steps import time_training_steps
 from litlab.callbacks.continual import AccuracyMatrixCallback, cl_metrics
+from litlab.checkpoint_io import SafeCheckpointIO
 from litlab.datamodules.continual import ContinualDataModule
 from litlab.lit_modules.continual.baselines import InfLoRA, OLoRA
 from litlab.lit_modules.continual.harness import Backbone, SequentialLoRA
 from litlab.lit_modules.continual.janus_lora import JanusLoRA
-from litlab.runs import SafeCheckpointIO
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = dict(backbone=Backbone(pretrain_epochs=2))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from litlab.checkpoint_io import SafeCheckpointIO
 from litlab.cli import LitlabCLI
 from litlab.lit_modules.core.errors import CheckpointError
-from litlab.runs import SafeCheckpointIO
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = [

@@ -289,7 +289,7 @@ def compare(reference: Path, resumed: Path) -> dict:
         for v in res[key]:
             d = min(abs(v - r) if not (math.isnan(v) and math.isnan(r)) else 0.0 for r in ref[key])
             metric_diff = max(metric_diff, d)
-    from litlab.runs import torch_load_checkpoint
+    from litlab.checkpoint_io import torch_load_checkpoint
 
     a = torch_load_checkpoint(reference / "checkpoints" / "last.ckpt")
     b = torch_load_checkpoint(resumed / "checkpoints" / "last.ckpt")

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from litlab.runs import SafeCheckpointIO
+from litlab.checkpoint_io import SafeCheckpointIO
 
 ROOT = Path(__file__).resolve().parent.parent
 OFFLINE, ONLINE = 100, 500
