@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 2
 # a test that runs past this fails with its stack (pytest-timeout) instead of running the CI job out of time
 TEST_TIMEOUT_S ?= 900
 
-.PHONY: install install-dev check-torch demo test test-slow lint clean smollm2 minilm rl readme
+.PHONY: install install-dev check-torch demo test test-slow lint typecheck clean smollm2 minilm rl readme
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,7 +65,7 @@ rl: install
 demo: install
 	WANDB_MODE=$${WANDB_MODE:-offline} $(BIN)/litlab repro lokra
 
-test: install-dev lint
+test: install-dev lint typecheck
 	PYTHONSAFEPATH=1 WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q --durations=10 --timeout=$(TEST_TIMEOUT_S) --timeout-method=thread
 
 test-slow: install-dev
@@ -75,6 +75,10 @@ test-slow: install-dev
 lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# mypy on litlab/ and lit_modules/core/ (pyproject [tool.mypy]); it resolves litlab.* through the strict editable install
+typecheck: install-dev
+	$(BIN)/mypy
 
 clean:
 	rm -rf runs wandb lightning_logs

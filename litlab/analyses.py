@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -38,7 +39,9 @@ def _reads_windows(model: torch.nn.Module, tokenizer: str | None) -> bool:
         return _char_vocab(model)
     from litlab.datamodules.domain_corpus import lm_tokenizer
 
-    size, rows = len(lm_tokenizer(tokenizer)), model.get_input_embeddings().num_embeddings
+    # an LM's embedding table, found through nn.Module's __getattr__ (typed Tensor | Module for checkers)
+    rows = model.get_input_embeddings().num_embeddings  # type: ignore[operator]
+    size = len(lm_tokenizer(tokenizer))
     if size > rows:
         raise ValueError(
             f"--tokenizer {tokenizer} has {size} tokens, more than the model's {rows} embedding rows"
@@ -46,7 +49,7 @@ def _reads_windows(model: torch.nn.Module, tokenizer: str | None) -> bool:
     return True
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: object) -> str:
     return f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else str(v)
 
 
@@ -148,7 +151,8 @@ def complexity(args: argparse.Namespace) -> int:
         lora_examples=args.lora_examples,
     )
     dm = SumsTaskDataModule(args.task)
-    frontiers, summaries = {}, {}
+    frontiers: dict[str, Sequence[dict]] = {}
+    summaries: dict[str, dict] = {}
     lines = [f"# litlab analyze complexity\n\ntask: `{args.task}` (run seed {args.seed}); payload bits\n"]
     for name, _, src in pairs:
         loaded = checkpoints.load(src)
@@ -165,7 +169,7 @@ def complexity(args: argparse.Namespace) -> int:
             for r in rows
         ]
         lines += ["\n"] + [f"- {k}: {_fmt(float(v))}\n" for k, v in summaries[name].items()]
-    named = {STATE_NAMES.get(k, k): v for k, v in frontiers.items()}
+    named: dict[str, Sequence[dict]] = {STATE_NAMES.get(k, k): v for k, v in frontiers.items()}
     red = TCX.reductions(named)
     if red:
         lines.append("\n## reductions R = C_lo(δ*) / C_hi(δ*), δ* = best perf of the lower checkpoint\n\n")
@@ -227,8 +231,10 @@ def _lockin_run(item: str, args: argparse.Namespace, bases: dict) -> dict:
     label, folder, ckpt = _lockin_source(item)
     raw = torch.load(ckpt, map_location="cpu", weights_only=True)
     module0 = checkpoints.module_from_checkpoint(ckpt, load_state=False)
-    lockin_run = isinstance(module0, LI.LockInFT)
-    plan0 = module0.curv if lockin_run else LI.CURVATURE
+    lockin = (
+        module0 if isinstance(module0, LI.LockInFT) else None
+    )  # a LockInFT run: its own plan, cached basis
+    plan0 = lockin.curv if lockin is not None else LI.CURVATURE
     base = checkpoints.from_module(f"{ckpt}#base", module0, base_only=True)
     tuned = checkpoints.load(str(ckpt))
     if not _char_vocab(base.model):
@@ -270,8 +276,12 @@ def _lockin_run(item: str, args: argparse.Namespace, bases: dict) -> dict:
     key = _digest(theta0, *(b["input_ids"] for b in cal)) + f"-{plan.k}-{plan.lanczos_iters}-{lanczos_seed}"
     if key not in bases:
         # a LockInFT run analysed with its own plan, windows and seed: the basis its fit used (cached per base)
-        own_basis = lockin_run and own and plan == plan0 and args.seed in (None, run_seed)
-        path = LI.basis_cache_path(module0.base_cfg, plan, base_seed, lanczos_seed) if own_basis else None
+        own_basis = lockin is not None and own and plan == plan0 and args.seed in (None, run_seed)
+        path = (
+            LI.basis_cache_path(lockin.base_cfg, plan, base_seed, lanczos_seed)
+            if lockin is not None and own_basis
+            else None
+        )
         eig = LI.load_basis(path) if path is not None else None
         source = "the run's cached basis" if eig is not None else "Lanczos"
         if eig is None:
@@ -322,9 +332,9 @@ def _lockin_run(item: str, args: argparse.Namespace, bases: dict) -> dict:
         logged_diff = {
             k: abs(final[k] - last[k]) for k in ("L_T", "L_B", "dL_B", "drift", "h", "f") if k in last
         }
-    setting = {}
-    if lockin_run:
-        setting = {**dataclasses.asdict(module0.stab), "projection": module0.projection}
+    setting: dict = {}
+    if lockin is not None:
+        setting = {**dataclasses.asdict(lockin.stab), "projection": lockin.projection}
     return {
         "label": label,
         "source": str(ckpt),

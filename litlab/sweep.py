@@ -140,7 +140,12 @@ class LocalSweep:
         if proposal is None:
             return None
         params = {k: v["value"] for k, v in proposal.config.items()}
-        entry = {"name": run_name(params), "params": params, "status": "pending", "metric": None}
+        entry: dict[str, Any] = {
+            "name": run_name(params),
+            "params": params,
+            "status": "pending",
+            "metric": None,
+        }
         if any(r["name"] == entry["name"] for r in self.runs):  # random search may repeat a point
             entry["name"] += f"-{len(self.runs)}"
         self.runs.append(entry)

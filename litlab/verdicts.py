@@ -76,7 +76,7 @@ def card_paths(cards_dir: Path | None = None) -> list[Path]:
 
 
 def card_rows(cards_dir: Path | None = None) -> list[tuple[Card | None, str, str]]:
-    out = []
+    out: list[tuple[Card | None, str, str]] = []
     for path in card_paths(cards_dir):
         try:
             out.append((load_checked_card(path), path.stem, ""))

@@ -23,9 +23,9 @@ import math
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, ItemsView, Iterable, Mapping, ValuesView
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -159,6 +159,19 @@ class KhatriRaoBranch(AdapterBranch):
 Branch = LowRankBranch | KhatriRaoBranch
 
 
+class Branches(nn.ModuleDict):
+    """An adapter layer's branches by name: a ``ModuleDict`` that type checkers know to hold branches."""
+
+    def __getitem__(self, name: str) -> Branch:
+        return cast("Branch", super().__getitem__(name))
+
+    def items(self) -> ItemsView[str, Branch]:
+        return cast("ItemsView[str, Branch]", super().items())
+
+    def values(self) -> ValuesView[Branch]:
+        return cast("ValuesView[Branch]", super().values())
+
+
 class AdapterLinear(nn.Module):
     """A frozen ``nn.Linear`` plus named adapter branches; merge/unmerge like PEFT."""
 
@@ -170,7 +183,7 @@ class AdapterLinear(nn.Module):
         self.base.weight.requires_grad_(False)
         if self.base.bias is not None:
             self.base.bias.requires_grad_(False)
-        self.branches = nn.ModuleDict()
+        self.branches = Branches()
         self._merged: dict[str, Tensor | None] = {}  # branch name -> coeff it was merged with
         self.stats_mode: Literal["off", "accumulate"] = "off"
         self.reset_stats()
@@ -306,12 +319,12 @@ class AdapterLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.stats_mode == "accumulate":
             self._accumulate(x)
-        branch = self.fused_branch(x)
-        if branch is not None:
+        fused = self.fused_branch(x)
+        if fused is not None:
             from litlab.kernels.lora_linear import lora_linear  # imports triton: only when it runs
 
             return lora_linear(
-                x, self.base.weight, branch.A, branch.B, branch.scale, self.base.bias, impl="triton"
+                x, self.base.weight, fused.A, fused.B, fused.scale, self.base.bias, impl="triton"
             )
         y = self.base(x)
         for name, branch in self.branches.items():

@@ -11,13 +11,20 @@ the objects still load with ``weights_only=True``.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import TypeVar
 
 import torch
 
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:
+    from typing_extensions import dataclass_transform
+
 T = TypeVar("T")
 
 
+@dataclass_transform(frozen_default=True)  # type checkers see the fields as constructor arguments
 def config_part(cls: type[T]) -> type[T]:
     """Make ``cls`` a frozen dataclass that may travel inside a ``weights_only`` checkpoint."""
     cls = dataclasses.dataclass(frozen=True)(cls)

@@ -112,7 +112,8 @@ def tiny_llama(
     """A randomly initialised Llama built from a config, so nothing is downloaded."""
     _check_heads(hidden_size, num_heads, "hidden_size", "num_heads")
     _check_heads(num_heads, num_kv_heads, "num_heads", "num_kv_heads")
-    config = transformers.LlamaConfig(
+    # attn_implementation is PreTrainedConfig's keyword (its __post_init__ takes it), not in LlamaConfig's signature
+    config = transformers.LlamaConfig(  # type: ignore[call-arg]
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
@@ -187,7 +188,7 @@ class TinyViT(nn.Module):
         super().__init__()
         _check_heads(width, heads, "width", "heads")
         self.token_mode = token_dim is not None
-        if self.token_mode:
+        if token_dim is not None:
             if num_tokens is None or num_tokens <= 0:
                 raise ValueError(f"token mode (token_dim={token_dim}) needs num_tokens > 0, got {num_tokens}")
             seq_len, in_dim = num_tokens, token_dim

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast, overload
 
 import torch
 from torch import Tensor, nn
@@ -124,21 +124,26 @@ def probe_saliency(
     wrapped linears (``AdapterLinear``: its base weight; ``nn.Linear``: its weight). No parameter changes: the
     model runs in eval mode, only the base weights take gradients, and every ``requires_grad`` flag is put back.
     Returns the scores and the probe's statistics (steps, whether it converged, mean effective sample size)."""
-    weights = {n: (m.base.weight if isinstance(m, AdapterLinear) else m.weight) for n, m in modules.items()}
+    weights = {
+        n: cast(nn.Parameter, m.base.weight if isinstance(m, AdapterLinear) else m.weight)
+        for n, m in modules.items()
+    }
     flags = {p: p.requires_grad for p in model.parameters()}
     flags.update({w: w.requires_grad for w in weights.values()})
     was_training = model.training
     scores = {n: 0.0 for n in weights}
     steps, calm, converged, ess = 0, 0, False, []
-    prev_energy, prev_top = None, None
+    prev_energy: float | None = None
+    prev_top: list[str] = []
     # Each weight's gradient is scored and freed as soon as backward has accumulated it, so at most a few of the
     # probed weights' gradients are alive at once (all of them at once is one more copy of every probed weight).
     names_of: dict[nn.Parameter, list[str]] = {}
-    for n, w in weights.items():
-        names_of.setdefault(w, []).append(n)
+    for n, weight in weights.items():
+        names_of.setdefault(weight, []).append(n)
 
     def score_and_free(weight: nn.Parameter) -> None:
         for n in names_of[weight]:
+            assert weight.grad is not None  # the hook runs after backward accumulated it
             scores[n] += float((weight.detach() * weight.grad).abs().sum())
         weight.grad = None
 
@@ -147,10 +152,10 @@ def probe_saliency(
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        for w in names_of:
-            w.grad = None  # as _restore leaves it at the end
-            w.requires_grad_(True)
-            handles.append(w.register_post_accumulate_grad_hook(score_and_free))
+        for weight in names_of:
+            weight.grad = None  # as _restore leaves it at the end
+            weight.requires_grad_(True)
+            handles.append(weight.register_post_accumulate_grad_hook(score_and_free))
         for batch in batches:
             loss, confidence = loss_and_confidence(model, batch)
             w = confidence_weights(
@@ -162,7 +167,7 @@ def probe_saliency(
             steps += 1
             if steps % settings.check_every == 0 and steps >= settings.check_every:
                 energy = sum(scores.values()) / steps
-                top = sorted(scores, key=scores.get, reverse=True)[: settings.top_k]
+                top = sorted(scores, key=scores.__getitem__, reverse=True)[: settings.top_k]
                 if prev_energy is not None:
                     quiet = abs(energy - prev_energy) / max(prev_energy, 1e-30) < settings.rel_tol
                     calm = calm + 1 if quiet and _stable(prev_top, top, settings.rank_tol) else 0
@@ -206,6 +211,29 @@ def smooth(scores: Mapping[str, float], tau: float = 1.0) -> dict[str, float]:
 
 
 # ---- stage 3: budget allocation -------------------------------------------------------------------------
+@overload
+def allocate(
+    s: Mapping[str, float],
+    r_base: int,
+    r_min: int = 0,
+    r_max: int | None = None,
+    rho: float = 1.0,
+    floor: Literal[True] = True,
+) -> dict[str, int]: ...
+
+
+@overload
+def allocate(
+    s: Mapping[str, float],
+    r_base: int,
+    r_min: int = 0,
+    r_max: int | None = None,
+    rho: float = 1.0,
+    *,
+    floor: Literal[False],
+) -> dict[str, float]: ...
+
+
 def allocate(
     s: Mapping[str, float],
     r_base: int,
