@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from litlab.datamodules.domain_corpus import DOMAINS
+from litlab.datamodules.domain_corpus import DOMAINS, lm_tokenizer
 from litlab.datamodules.sums_task import TASKS, SumsTaskDataModule  # noqa: F401  (TASKS: litlab.analyze's choices)
 from litlab.lit_modules.analysis import checkpoints
 from litlab.lit_modules.analysis import curvature as C
@@ -37,8 +37,6 @@ def _reads_windows(model: torch.nn.Module, tokenizer: str | None) -> bool:
     """Whether the evaluation windows (characters, or ``tokenizer``'s tokens) are valid input ids of ``model``."""
     if tokenizer is None:
         return _char_vocab(model)
-    from litlab.datamodules.domain_corpus import lm_tokenizer
-
     # an LM's embedding table, found through nn.Module's __getattr__ (typed Tensor | Module for checkers)
     rows = model.get_input_embeddings().num_embeddings  # type: ignore[operator]
     size = len(lm_tokenizer(tokenizer))
@@ -118,7 +116,7 @@ def diffract(args: argparse.Namespace) -> int:
 
 
 def _plot_interpolation(inter: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # a second to import: only for the figure
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

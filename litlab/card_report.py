@@ -127,6 +127,7 @@ def render_markdown(card: Card, res: CardResult, command: str) -> str:
 
 
 def print_table(card: Card, res: CardResult) -> None:
+    # rich and matplotlib (plot) load only when a card has run: `litlab repro --list` reads this module too
     from rich.console import Console
     from rich.table import Table
 
@@ -169,7 +170,7 @@ def print_table(card: Card, res: CardResult) -> None:
 
 
 def plot(res: CardResult, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # see print_table
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from litlab.lit_modules.core.errors import ResourceUnavailableError
+
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="litlab data", description=__doc__.split("\n")[0])
@@ -50,7 +52,8 @@ def main(argv: list[str]) -> int:
 
     # imported after parsing: `litlab data --help` answers without loading torch and gymnasium
     from litlab.datamodules.rl_d4rl import episode_returns, load_dataset, read_metadata
-    from litlab.lit_modules.core.errors import ResourceUnavailableError
+    from litlab.datamodules.rl_env import MUJOCO_ENVS
+    from litlab.lit_modules.rl.factory import make_dataset
 
     if args.info:
         data = load_dataset(args.info)
@@ -63,9 +66,6 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.env:
         parser.error("d4rl needs --env (or --info FILE)")
-    from litlab.datamodules.rl_env import MUJOCO_ENVS
-    from litlab.lit_modules.rl.factory import make_dataset
-
     mujoco = args.env.split("-")[0] in MUJOCO_ENVS
     n = args.n or (100_000 if mujoco else 20_000)
     sac_steps = args.sac_steps or (1_000_000 if mujoco else 20_000)

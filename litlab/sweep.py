@@ -25,14 +25,24 @@ import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
 
-from litlab.lit_modules.core.errors import SweepError
+from litlab.lit_modules.core.errors import ConfigError, SweepError
 from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
 
 DEFAULT_COMMAND = ["${env}", "${interpreter}", "${program}", "${args}"]
+
+
+def sweep_engine() -> ModuleType:
+    """wandb's sweep engine, ``sweeps``: imported when a sweep runs (numpy and pydantic: half a second), so that
+    ``litlab sweep --help`` answers at once."""
+    with warnings.catch_warnings():  # sweeps 0.3 was written for pydantic 1: a config-key rename warning
+        warnings.simplefilter("ignore")
+        import sweeps
+    return sweeps
 
 
 def load_sweep(path: Path) -> dict[str, Any]:
@@ -42,11 +52,8 @@ def load_sweep(path: Path) -> dict[str, Any]:
         raise SweepError(f"cannot read sweep file {path}: {err}") from err
     if not isinstance(cfg, dict):
         raise SweepError(f"sweep file {path} must be a YAML mapping, got {type(cfg).__name__}")
-    with warnings.catch_warnings():  # sweeps 0.3 was written for pydantic 1: a config-key rename warning
-        warnings.simplefilter("ignore")
-        import sweeps
     try:
-        sweeps.SweepConfig(cfg)  # wandb's JSON schema: the same file must work with `wandb sweep`
+        sweep_engine().SweepConfig(cfg)  # wandb's JSON schema: the same file must work with `wandb sweep`
     except Exception as err:
         raise SweepError(f"{path} is not a valid wandb sweep file: {err}") from err
     if cfg["method"] not in ("grid", "random", "bayes"):
@@ -111,7 +118,7 @@ class LocalSweep:
 
     # ---- proposals from wandb's sweep engine ------------------------------------------------------
     def _as_sweep_runs(self) -> list:
-        import sweeps
+        sweeps = sweep_engine()
 
         states = {
             "finished": sweeps.RunState.finished,
@@ -134,7 +141,7 @@ class LocalSweep:
         return out
 
     def propose(self) -> dict[str, Any] | None:
-        import sweeps
+        sweeps = sweep_engine()
 
         proposal = sweeps.next_run(self.cfg, self._as_sweep_runs(), validate=False)
         if proposal is None:
@@ -193,8 +200,7 @@ class LocalSweep:
         at = next((i for i, c in enumerate(cmd) if c == "fit"), None)
         if at is None or not any("litlab" in c for c in cmd[:at]):
             return  # not a `litlab fit` command: nothing to dry-run
-        from litlab.cli import check_fit_args
-        from litlab.lit_modules.core.errors import ConfigError
+        from litlab.cli import check_fit_args  # Lightning and every method module (seconds): only here
 
         try:
             check_fit_args(
@@ -280,7 +286,7 @@ class LocalSweep:
         if not done or not keys:
             (self.dir / "sweep.png").unlink(missing_ok=True)  # a plot of an earlier state would mislead
             return
-        import matplotlib
+        import matplotlib  # a second to import: only when a sweep has results to plot
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
