@@ -16,15 +16,21 @@ import dataclasses
 import importlib
 import json
 import logging
+import os
+import queue
 import statistics
+import subprocess
 import sys
+import threading
 import time
+import traceback
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from litlab.__main__ import prepare_process
 from litlab.card_report import plot, print_table, render_markdown
 from litlab.cards import Card, check_seed_ledgers, claims_sha256, load_card, project_path
 from litlab.claims import (
@@ -41,7 +47,7 @@ from litlab.claims import (
     refutations,
     regressions,
 )
-from litlab.lit_modules.core.errors import CardError, ResourceUnavailableError
+from litlab.lit_modules.core.errors import CardError, ConfigError, ResourceUnavailableError
 from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult, SeedRun
 from litlab.verdicts import list_cards
@@ -123,6 +129,7 @@ _CHILD_REUSED = 3  # exit code of a child whose run had already finished
 
 def _child_fit(request: FitRequest) -> int:
     """One fit in a ``--jobs`` worker, skipped when it already finished."""
+    # Lightning and every method module (seconds): only in a process that fits
     from litlab.cli import LitlabCLI, RunAlreadyFinished
 
     sys.argv = sys.argv[:1]  # the args come as `args`; LightningCLI warns when they come from both places
@@ -137,9 +144,6 @@ def _child_fit(request: FitRequest) -> int:
 
 def _exit_with_parent(poll_s: float = 1.0) -> None:
     """A worker stops when the ``litlab repro`` that started it dies (even by SIGKILL), not after its fit."""
-    import os
-    import threading
-
     # the pid comes from the parent: a parent that died before this line ran would otherwise go unnoticed
     parent = int(os.environ.get("LITLAB_REPRO_PID", os.getppid()))
 
@@ -156,11 +160,6 @@ def _worker_loop() -> int:
     one task per line of stdin (``{"request": FitRequest as JSON, "log": path}``), each with its output in its own log file,
     and answers each task's exit code on a line of its stdout, exactly as a process per fit would (in-process
     fits one after another are what ``--jobs 1`` does)."""
-    import os
-    import traceback
-
-    from litlab.__main__ import prepare_process
-
     prepare_process()
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -194,11 +193,6 @@ def fit_in_subprocesses(jobs: dict[str, FitRequest], workers: int, log_dir: Path
     card are sequential and tiny models cannot keep two cores busy. Each worker lives for the whole card (one
     import, not one per fit) and writes ``log_dir/<key>.log`` per fit.
     """
-    import os
-    import queue
-    import subprocess
-    import threading
-
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
@@ -299,8 +293,7 @@ def validate_runs(card: Card, requests: dict[str, list[FitRequest]], scale: str)
     """Resolve and parse every run's config (at its first seed) through the ``litlab fit`` parser
     before the first fit, so that a card whose last run names a missing file or a bad key stops at once with
     that run's name instead of after the runs before it trained. (Claims are checked when the card loads.)"""
-    from litlab.cli import check_fit_args
-    from litlab.lit_modules.core.errors import ConfigError
+    from litlab.cli import check_fit_args  # see _child_fit
 
     for name, per_seed in requests.items():
         try:
@@ -432,7 +425,7 @@ def measured_values(result: CardResult) -> dict[str, dict[str, dict[int, float]]
 
 def judge(card: Card, result: CardResult) -> None:
     """Claims, card status, regressions, refutations and per-seed mismatches of ``result``, in place."""
-    import torch
+    import torch  # for torch.cuda (seconds to import): only when claims are judged
 
     values = measured_values(result)
     result.claims = [
@@ -515,7 +508,7 @@ def _result_entry(seeds: list[int], metrics: dict[str, list[float]]) -> dict[str
 
 def judged_block(card: Card, recorded: dict[str, Any], keep_hash: bool) -> dict[str, Any]:
     """``recorded`` with every claim judged on its numbers, the status and the claims' hash."""
-    import torch
+    import torch  # see judge
 
     probe = dataclasses.replace(card, recorded=recorded)
     results = judge_recorded(probe, has_cuda=torch.cuda.is_available())
