@@ -86,7 +86,7 @@ class SpectralProbe(L.Callback):
         root = Path(trainer.default_root_dir)
         atomic_write_json(root / "probe.json", {"history": self.history, "head_ratios": self.last_ratios})
         if self.heatmap and self.last_ratios:
-            import matplotlib
+            import matplotlib  # a second to import: only for the heatmap
 
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt

@@ -27,6 +27,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.utilities.combined_loader import _Stateful
 from torch.utils.data import IterableDataset
 
 
@@ -148,8 +149,6 @@ def _zero_current(progress: Any) -> None:
 
 def _skip_batches(trainer: L.Trainer, n: int) -> None:
     """Draw and drop the first ``n`` batches of every resumable-by-skipping train loader of this epoch."""
-    from lightning.pytorch.utilities.combined_loader import _Stateful
-
     combined_loader = trainer.fit_loop._combined_loader
     loaders = list(combined_loader.flattened) if combined_loader is not None else []
     to_skip = [

@@ -52,7 +52,7 @@ def attention(q, k, v, sm_scale: float | None = None, impl: str = "auto"):
                 "impl='triton' is forward-only (kernel a has no backward): call it under torch.no_grad()"
             )
         use_triton(impl, q, k, v)  # the interpreter check on CPU tensors
-        from litlab.kernels.block_sparse_attention import block_sparse_attention
+        from litlab.kernels.block_sparse_attention import block_sparse_attention  # imports triton: only here
 
         block_q, block_k = 16, 16
         if q.shape[2] > k.shape[2]:

@@ -45,7 +45,7 @@ _jitted: dict[tuple[Callable, bool], object] = {}
 def lazy_jit(fn: Callable, autotune_configs: list | None = None, key: list[str] | None = None):
     """``triton.jit(fn)`` made at first use (per interpreter mode); autotuned on GPU only (one config under the
     interpreter, where every program runs serially in numpy)."""
-    import triton
+    import triton  # half a second, and absent where pyproject does not install it: only when a kernel is built
 
     mode = interpreting()
     if (fn, mode) not in _jitted:

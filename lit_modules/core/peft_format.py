@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from litlab.lit_modules.core.adapters import AdapterLinear, LowRankBranch, find_adapters
@@ -125,8 +126,6 @@ def save_peft_adapter(
 ) -> Path:
     """Write ``model``'s adapters as a PEFT LoRA adapter folder. The folder is built beside its place and moved
     there whole, so a reader never sees half of it; an earlier export there is replaced."""
-    from safetensors.torch import save_file
-
     config, state = peft_lora_config(model, branch, base_model_name_or_path, task_type)
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -395,7 +395,7 @@ class RankPlanner(Protocol):
 
 def saliency_heatmap(plan: RankPlan, path: Path) -> Path:
     """Depth × family map of the calibrated, smoothed scores s_l (the plan's structure)."""
-    import matplotlib
+    import matplotlib  # a second to import: only for the figure
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
