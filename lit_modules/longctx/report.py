@@ -2,14 +2,19 @@
 
 A card's hook (``litlab.lit_modules.longctx.xkv:report``, ``...sale:report``) is called by ``litlab repro`` as
 ``hook(result: CardResult, out_dir: Path) -> ReportExtras`` and delegates here. Every helper reads each run's final
-logged metrics through ``SeedRun.summary_metrics()``, averaged over the card's seeds (one model per seed).
+logged metrics through ``SeedRun.summary_metrics()``, averaged over the card's seeds (one model per seed), and what a
+run is (its model, method and group size) from the config its run folder saved (``config.yaml``), never from the
+card's run names.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from litlab.lit_modules.core.results import CardResult, ReportExtras
+import yaml
+
+from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult
 
 NAN = float("nan")
 
@@ -27,49 +32,68 @@ def run_metrics(result: CardResult) -> dict[str, dict[str, float]]:
     return out
 
 
+def model_args(run: RunResult) -> dict[str, Any]:
+    """The module's ``init_args`` the run's first seed was fitted with (its run folder's ``config.yaml``)."""
+    config = yaml.safe_load((run.runs[0].run_dir / "config.yaml").read_text())
+    return config["model"]["init_args"]
+
+
+def compression_kind(args: dict[str, Any]) -> str | None:
+    """``dense``, ``svd`` (per-layer SVD: xKV with group size 1), ``xkv`` (group size > 1), or None (the other
+    methods: SR variants, MiniCache)."""
+    if args.get("method") == "dense":
+        return "dense"
+    if args.get("method") == "xkv":
+        return "xkv" if (args.get("plan") or {}).get("group_size", 1) > 1 else "svd"
+    return None
+
+
 def acc_vs_cr_report(result: CardResult, out_dir: Path) -> ReportExtras:
-    """xKV: accuracy vs compression ratio per run (a scatter plot, log x, and a table), and per model (tiny: runs
-    without a prefix, SmolLM2: ``smol_``) the highest CR that single-layer SVD (runs named ``svd``) and xKV (``xkv``
-    without ``sr``) reach within one point of that model's dense accuracy."""
+    """xKV: accuracy vs compression ratio per run (a scatter plot, log x, and a table), and per model the highest
+    CR that per-layer SVD (group size 1) and xKV (group size > 1) reach within one point of that model's dense
+    accuracy (``best_cr_within_1pt_<svd|xkv>_<model>``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = run_metrics(result)
+    kinds: dict[str, dict[str, str | None]] = {}  # model -> {run: kind}
+    for name, run in result.runs.items():
+        args = model_args(run)
+        kinds.setdefault((args.get("lm") or {}).get("name", "tiny_passkey_llama"), {})[name] = compression_kind(args)
     numbers: dict[str, float] = {}
     lines = [
-        "| run | acc | CR | CR_inf | recon err K/V | tokens reconstructed |",
-        "|---|---|---|---|---|---|",
+        "| run | model | acc | CR | CR_inf | recon err K/V | tokens reconstructed |",
+        "|---|---|---|---|---|---|---|",
     ]
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for prefix, marker in (("", "o"), ("smol_", "s")):
-        names = [n for n in rows if n.startswith("smol_") == bool(prefix)]
-        dense = rows.get(f"{prefix}dense", {}).get("val/acc")
+    for (model, runs), marker in zip(sorted(kinds.items()), "osD^v"):
+        dense = [rows[n]["val/acc"] for n, kind in runs.items() if kind == "dense" and "val/acc" in rows[n]]
         best = {"svd": 0.0, "xkv": 0.0}
-        for n in names:
+        for n, kind in runs.items():
             m = rows[n]
             acc, cr = m.get("val/acc", NAN), m.get("val/compression_ratio", NAN)
             numbers[f"{n}_acc"], numbers[f"{n}_cr"] = acc, cr
             if "val/tokens_reconstructed_frac" in m:
                 numbers[f"{n}_tokens_reconstructed_frac"] = m["val/tokens_reconstructed_frac"]
-            ax.scatter(cr, acc, marker=marker)
+            ax.scatter(cr, acc, marker=marker, label=model if n == next(iter(runs)) else None)
             ax.annotate(n, (cr, acc), fontsize=6)
             lines.append(
-                f"| {n} | {acc:.3f} | {cr:.2f} | {m.get('val/cr_inf', NAN):.1f} | "
+                f"| {n} | {model} | {acc:.3f} | {cr:.2f} | {m.get('val/cr_inf', NAN):.1f} | "
                 f"{m.get('val/recon_rel_err_k', NAN):.3f}/{m.get('val/recon_rel_err_v', NAN):.3f}"
                 f" | {m.get('val/tokens_reconstructed_frac', NAN):.3f} |"
             )
-            kind = "svd" if "svd" in n else ("xkv" if "xkv" in n and "sr" not in n else None)
-            if kind and dense is not None and acc >= dense - 0.01:
+            if kind in best and dense and acc >= dense[0] - 0.01:
                 best[kind] = max(best[kind], cr)
-        if dense is not None:
-            numbers[f"{prefix}best_cr_within_1pt_svd"] = best["svd"]
-            numbers[f"{prefix}best_cr_within_1pt_xkv"] = best["xkv"]
+        if dense:
+            for kind, cr in best.items():
+                numbers[f"best_cr_within_1pt_{kind}_{model}"] = cr
     ax.set_xscale("log")
     ax.set_xlabel("compression ratio (dense K+V / stored elements, log scale)")
     ax.set_ylabel("passkey accuracy")
-    ax.set_title("xKV: accuracy vs compression (o tiny, s SmolLM2)")
+    ax.set_title("xKV: accuracy vs compression, per model")
+    ax.legend(fontsize=6)
     fig.tight_layout()
     path = out_dir / "xkv_acc_vs_cr.png"
     fig.savefig(path, dpi=120)

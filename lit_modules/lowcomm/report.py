@@ -3,6 +3,9 @@
 For LoRDO ("LoRDO: Distributed Low-Rank Optimization with Infrequent Communication", arXiv 2602.04396) and its
 baselines (DDP, GaLore-style low-rank DDP, DiLoCo): a table of val loss and communicated bytes per run, a
 loss-vs-bytes plot, the subspace similarity at the projector refreshes and the derived ratios the claim is about.
+A run is told apart by its strategy's mode in the config its run folder saved (``config.yaml``), never by the
+card's run names: every LoRDO run (mode ``lordo``) is divided by every per-step-synchronising run (``ddp``,
+``lowrank_ddp``) on bytes per step and val loss.
 """
 
 from __future__ import annotations
@@ -10,15 +13,19 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from litlab.lit_modules.core.results import CardResult, ReportExtras
+import yaml
 
-RATIOS = {  # name: (run a, run b, metric) -> a / b, the largest over the seeds both ran
-    "bytes_ratio_lordo_lowrank_ddp_k8": ("lordo", "lowrank_ddp", "comm/bytes_per_step"),
-    "bytes_ratio_lordo_lowrank_ddp_k32": ("lordo_k32", "lowrank_ddp", "comm/bytes_per_step"),
-    "bytes_ratio_lordo_ddp_k8": ("lordo", "ddp", "comm/bytes_per_step"),
-    "val_loss_ratio_lordo_lowrank_ddp": ("lordo", "lowrank_ddp", "val/loss"),
-    "val_loss_ratio_lordo_k32_lowrank_ddp": ("lordo_k32", "lowrank_ddp", "val/loss"),
-}
+from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult
+
+RATIO_METRICS = {"bytes_ratio": "comm/bytes_per_step", "val_loss_ratio": "val/loss"}
+PER_STEP_SYNC = ("ddp", "lowrank_ddp")  # the baselines LoRDO's infrequent communication is measured against
+
+
+def strategy_mode(run: RunResult) -> str:
+    """The communication mode the run's first seed was fitted with (``trainer.strategy.init_args.mode``)."""
+    config = yaml.safe_load((run.runs[0].run_dir / "config.yaml").read_text())
+    strategy = (config.get("trainer") or {}).get("strategy")
+    return strategy["init_args"]["mode"] if isinstance(strategy, dict) else "none"
 
 
 def _curve(run_dir: Path) -> tuple[list[float], list[float], list[float]]:
@@ -51,8 +58,9 @@ def _per_seed_ratios(result: CardResult, a: str, b: str, key: str) -> list[float
 
 
 def report(result: CardResult, out_dir: Path) -> ReportExtras:
-    """Card report hook: a table and a loss-vs-bytes plot of each distinct run's first seed; derived ratios
-    (``RATIOS``) seed by seed, the largest over seeds (the byte ledger does not depend on the data)."""
+    """Card report hook: a table and a loss-vs-bytes plot of each distinct run's first seed; the ratios of every
+    LoRDO run over every per-step-synchronising run (``bytes_ratio_<a>_<b>``, ``val_loss_ratio_<a>_<b>``) seed by
+    seed, the largest over seeds (the byte ledger does not depend on the data)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,7 +85,7 @@ def report(result: CardResult, out_dir: Path) -> ReportExtras:
             k = max(1, len(loss) // 30)
             smooth = [sum(loss[i : i + k]) / len(loss[i : i + k]) for i in range(0, len(loss), k)]
             ax.plot([max(x, 1.0) for x in b[::k]], smooth, label=name)
-        if sims and name.startswith("lordo"):
+        if sims:
             numbers[f"{name}_similarity_min"] = min(sims[1:] or sims)
             numbers[f"{name}_similarity_max"] = max(sims[1:] or sims)
     ax.set_xscale("log")
@@ -91,10 +99,13 @@ def report(result: CardResult, out_dir: Path) -> ReportExtras:
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
-    for name, (a, b, key) in RATIOS.items():
-        ratios = _per_seed_ratios(result, a, b, key)
-        if ratios:
-            numbers[name] = max(ratios)
+    modes = {name: strategy_mode(run) for name, run in result.distinct_runs()}
+    for a in (n for n, mode in modes.items() if mode == "lordo"):
+        for b in (n for n, mode in modes.items() if mode in PER_STEP_SYNC):
+            for prefix, key in RATIO_METRICS.items():
+                ratios = _per_seed_ratios(result, a, b, key)
+                if ratios:
+                    numbers[f"{prefix}_{a}_{b}"] = max(ratios)
     markdown = "\n".join(
         [
             "## Loss and communication",

@@ -1,6 +1,9 @@
 """The structured family's card report (``litlab repro salaad``): val loss against parameter budget per run (mean ±
 std over seeds) as a figure and a table, the learned rank ratios and densities per block as a heatmap, the derived
-numbers the card's mechanism claims read, and the bytes of the exported models (``export``) against the dense one.
+numbers of SALAAD's runs, and the bytes of the exported models (``export``) against the dense one.
+
+A run is told apart by the structure its run folder's ``config.yaml`` says it trained (``model.init_args.admm``:
+``null`` for the dense model, else its ``components``), never by the card's run names.
 """
 
 from __future__ import annotations
@@ -9,19 +12,34 @@ import math
 import statistics
 from pathlib import Path
 
-from litlab.lit_modules.core.results import CardResult, ReportExtras
+import yaml
 
-CURVES = {  # label -> the card run whose fits log val/loss@<f>
-    "SALAAD (HPA)": "salaad",
-    "post-hoc (dense run)": "dense",
-    "low-rank only (HPA)": "lowrank",
-    "sparse only": "sparse",
+from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult
+
+DEPLOYMENT = {  # structure -> how CapacitySweep deploys it at a budget
+    "dense": "post-hoc compression",
+    "both": "SALAAD, HPA",
+    "low_rank": "low-rank only, HPA",
+    "sparse": "sparse only",
 }
 
 
+def structure(run: RunResult) -> str:
+    """``dense`` (no ADMM) or the ADMM's ``components`` (``both``, ``low_rank``, ``sparse``) of the run's first seed."""
+    config = yaml.safe_load((run.runs[0].run_dir / "config.yaml").read_text())
+    admm = config["model"]["init_args"].get("admm")
+    return "dense" if admm is None else admm.get("components", "both")
+
+
+def runs_by_structure(result: CardResult) -> dict[str, list[str]]:
+    """``{structure: [card entries]}`` over the distinct runs (entries reading another metric of one fit once)."""
+    out: dict[str, list[str]] = {}
+    for name, run in result.distinct_runs():
+        out.setdefault(structure(run), []).append(name)
+    return out
+
+
 def _per_seed(result: CardResult, run: str) -> dict[int, dict[str, float]]:
-    if run not in result.runs:
-        return {}
     return {r.seed: r.summary_metrics() for r in result.runs[run].runs}
 
 
@@ -30,30 +48,37 @@ def _budgets(metrics: dict[str, float]) -> list[float]:
 
 
 def derived_numbers(result: CardResult) -> dict[str, float]:
-    """``salaad_drop_25``: the largest over seeds of SALAAD's loss at 25 % minus its full surrogate's;
-    ``val_ratio_salaad_dense``: the largest over seeds of SALAAD's dense-X val loss over the dense baseline's."""
+    """For each SALAAD run (``both`` components) ``<run>``: ``<run>_drop_25``, the largest over seeds of its loss at
+    25 % minus its full surrogate's; ``val_ratio_<run>_<dense>``, the largest over seeds of its dense-X val loss over
+    each dense run's; ``<run>_full_fraction_mean``, HPA's full surrogate as a fraction of the dense blocks."""
     out = {}
-    salaad, dense = _per_seed(result, "salaad"), _per_seed(result, "dense")
-    drops = [m["val/loss@0.25"] - m["val/loss@1"] for m in salaad.values() if "val/loss@0.25" in m]
-    if drops:
-        out["salaad_drop_25"] = max(drops)
-    ratios = [
-        m["val/loss"] / dense[s]["val/loss"] for s, m in salaad.items() if s in dense and "val/loss" in m
-    ]
-    if ratios:
-        out["val_ratio_salaad_dense"] = max(ratios)
-    full = [m["capacity/full_fraction"] for m in salaad.values() if "capacity/full_fraction" in m]
-    if full:
-        out["salaad_full_fraction_mean"] = statistics.fmean(full)
+    by_structure = runs_by_structure(result)
+    for name in by_structure.get("both", []):
+        salaad = _per_seed(result, name)
+        drops = [m["val/loss@0.25"] - m["val/loss@1"] for m in salaad.values() if "val/loss@0.25" in m]
+        if drops:
+            out[f"{name}_drop_25"] = max(drops)
+        for dense_name in by_structure.get("dense", []):
+            dense = _per_seed(result, dense_name)
+            ratios = [
+                m["val/loss"] / dense[s]["val/loss"] for s, m in salaad.items() if s in dense and "val/loss" in m
+            ]
+            if ratios:
+                out[f"val_ratio_{name}_{dense_name}"] = max(ratios)
+        full = [m["capacity/full_fraction"] for m in salaad.values() if "capacity/full_fraction" in m]
+        if full:
+            out[f"{name}_full_fraction_mean"] = statistics.fmean(full)
     return out
 
 
 def _curve_table(result: CardResult) -> tuple[list[str], dict[str, dict[float, list[float]]]]:
     curves: dict[str, dict[float, list[float]]] = {}
-    for label, run in CURVES.items():
-        for metrics in _per_seed(result, run).values():
-            for f in _budgets(metrics):
-                curves.setdefault(label, {}).setdefault(f, []).append(metrics[f"val/loss@{f:g}"])
+    for kind, names in runs_by_structure(result).items():
+        for run in names:
+            label = f"{run} ({DEPLOYMENT[kind]})"
+            for metrics in _per_seed(result, run).values():
+                for f in _budgets(metrics):
+                    curves.setdefault(label, {}).setdefault(f, []).append(metrics[f"val/loss@{f:g}"])
     budgets = sorted({f for c in curves.values() for f in c}, reverse=True)
     rows = ["| run | " + " | ".join(f"{f:g}" for f in budgets) + " |", "|---|" + "---|" * len(budgets)]
     for label, c in curves.items():
@@ -70,7 +95,11 @@ def _curve_table(result: CardResult) -> tuple[list[str], dict[str, dict[float, l
 
 
 def _heatmap(result: CardResult, out_dir: Path, plt) -> Path | None:
-    metrics = next(iter(_per_seed(result, "salaad").values()), {})
+    salaad = runs_by_structure(result).get("both", [])
+    if not salaad:
+        return None
+    first = result.runs[salaad[0]].runs[0]
+    metrics = first.summary_metrics()
     names = sorted(k.removeprefix("salaad/rank/") for k in metrics if k.startswith("salaad/rank/"))
     if not names:
         return None
@@ -86,7 +115,7 @@ def _heatmap(result: CardResult, out_dir: Path, plt) -> Path | None:
     for (i, j), v in np.ndenumerate(data):
         ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w")
     fig.colorbar(im, ax=ax)
-    ax.set_title(f"SALAAD learned structure at the last refresh (seed {result.runs['salaad'].runs[0].seed})")
+    ax.set_title(f"{salaad[0]}: learned structure at the last refresh (seed {first.seed})")
     fig.tight_layout()
     path = out_dir / "salaad_structure.png"
     fig.savefig(path, dpi=110)
@@ -99,9 +128,8 @@ def _export_bytes(result: CardResult, out_dir: Path) -> tuple[list[str], dict[st
     from litlab.lit_modules.structured.export import export
 
     rows, numbers = [], {}
-    for run in ("salaad", "dense"):
-        if run not in result.runs:
-            continue
+    by_structure = runs_by_structure(result)
+    for run in [*by_structure.get("both", []), *by_structure.get("dense", [])]:
         ckpt = result.runs[run].runs[0].run_dir / "checkpoints" / "last.ckpt"
         if not ckpt.is_file():
             continue
@@ -134,7 +162,12 @@ def report(result: CardResult, out_dir: Path) -> ReportExtras:
         means = [statistics.fmean(c[f]) for f in fs]
         stds = [statistics.stdev(c[f]) if len(c[f]) > 1 else 0.0 for f in fs]
         ax.errorbar(fs, means, yerr=stds, marker="o", capsize=3, label=label)
-    dense = [m["val/loss"] for m in _per_seed(result, "dense").values() if "val/loss" in m]
+    dense = [
+        m["val/loss"]
+        for name in runs_by_structure(result).get("dense", [])
+        for m in _per_seed(result, name).values()
+        if "val/loss" in m
+    ]
     if dense:
         ax.axhline(statistics.fmean(dense), color="k", ls="--", lw=1, label="dense model (uncompressed)")
     ax.set_xlabel("budget (fraction of the blocks' dense parameters)")
