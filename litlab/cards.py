@@ -71,6 +71,9 @@ import yaml
 
 from litlab.lit_modules.core.errors import CardError
 
+# libyaml's safe loader where PyYAML was built with it: `repro --list` reads every card
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -379,14 +382,15 @@ def check_seed_ledgers(card: Card, ledgers: dict[str, dict[int, dict[str, Any] |
                 "litlab recorded one: delete its folder and run it again)"
             )
             continue
-        for s, ledger in by_seed.items():
+        present = {s: ledger for s, ledger in by_seed.items() if ledger}
+        for s, ledger in present.items():
             if ledger.get("run_seed") not in (None, s):
                 problems.append(f"run {run} seed {s}: its ledger says run seed {ledger.get('run_seed')}")
         for kind in ("components", "artefacts"):
-            names = set().union(*(ledger.get(kind, {}) for ledger in by_seed.values()))
+            names = set().union(*(ledger.get(kind, {}) for ledger in present.values()))
             for comp in sorted(names - set(card.shared)):
                 seen: dict[Any, list[int]] = {}
-                for s, ledger in sorted(by_seed.items()):
+                for s, ledger in sorted(present.items()):
                     if comp in ledger.get(kind, {}):
                         seen.setdefault(ledger[kind][comp], []).append(s)
                 repeats = [seeds for seeds in seen.values() if len(seeds) > 1]
@@ -571,7 +575,7 @@ def load_card(path: str | Path, check_preregistration: bool = True) -> Card:
     if not path.exists():
         raise CardError(f"no reproduction card at {path}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_SafeLoader)
     except yaml.YAMLError as err:
         raise CardError(f"{path}: not valid YAML: {err}") from err
     where = str(path)

@@ -126,12 +126,13 @@ class ClaimResult:
     @property
     def sensitivity(self) -> str:
         """Why a headline cannot decide (empty when it can): its MDE or its seeds against the paper's effect."""
-        if not self.headline or not self.comparisons or self.paper_effect is None:
+        mde = self.mde
+        if not self.headline or mde is None or self.paper_effect is None:
             return ""
-        if not math.isfinite(self.mde):
+        if not math.isfinite(mde):
             return "fewer than 2 seeds: no interval"
-        if self.mde > self.paper_effect:
-            return f"minimal detectable effect {self.mde:.4g} > paper effect {self.paper_effect:.4g}"
+        if mde > self.paper_effect:
+            return f"minimal detectable effect {mde:.4g} > paper effect {self.paper_effect:.4g}"
         wide = [
             c for c in self.comparisons if c.ci_high - c.ci_low > self.paper_effect and c.n < MIN_SEEDS_WIDE
         ]
@@ -151,7 +152,7 @@ class ClaimResult:
 
 def welch_interval(method: list[float], against: list[float], sign: float, level: float = 0.95):
     """``sign * (mean(method) - mean(against))`` with its Welch interval; infinite with fewer than 2 seeds."""
-    from scipy import stats
+    from scipy.special import stdtrit  # deferred: scipy costs a second that `repro --list` never needs
 
     diff = sign * (statistics.fmean(method) - statistics.fmean(against))
     if len(method) < 2 or len(against) < 2:
@@ -161,13 +162,13 @@ def welch_interval(method: list[float], against: list[float], sign: float, level
     if se == 0.0:  # deterministic on both sides (a byte ledger): the difference is exact
         return diff, diff, diff
     dof = (vm + va) ** 2 / (vm**2 / (len(method) - 1) + va**2 / (len(against) - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, dof)) * se
+    half = float(stdtrit(dof, 0.5 + level / 2)) * se
     return diff, diff - half, diff + half
 
 
 def paired_interval(differences: list[float], level: float = 0.95):
     """The mean of per-seed differences with its t interval (n - 1 degrees of freedom)."""
-    from scipy import stats
+    from scipy.special import stdtrit  # deferred: scipy costs a second that `repro --list` never needs
 
     diff = statistics.fmean(differences)
     if len(differences) < 2:
@@ -175,7 +176,7 @@ def paired_interval(differences: list[float], level: float = 0.95):
     se = statistics.stdev(differences) / math.sqrt(len(differences))
     if se == 0.0:
         return diff, diff, diff
-    half = float(stats.t.ppf(0.5 + level / 2, len(differences) - 1)) * se
+    half = float(stdtrit(len(differences) - 1, 0.5 + level / 2)) * se
     return diff, diff - half, diff + half
 
 
@@ -260,7 +261,9 @@ def evaluate_claim(
             ok = OPS[claim.op](observed, claim.target)
         else:
             assert claim.value_ref is not None
-            observed = [round(float(v), RECORDED_DECIMALS) for v in _lookup(values, claim.value_ref).values()]
+            found = _lookup(values, claim.value_ref)
+            assert found is not None  # `missing` above returned otherwise
+            observed = [round(float(v), RECORDED_DECIMALS) for v in found.values()]
             ok = all(OPS[claim.op](v, claim.target) for v in observed)
         base.value = observed
         base.verdict = "pass" if ok else "fail"
@@ -269,7 +272,8 @@ def evaluate_claim(
         return base
     assert claim.method is not None
     method = method_values if method_values is not None else _lookup(values, claim.method)
-    comps = tuple(compare(card, claim, method, a, _lookup(values, a)) for a in claim.against)
+    assert method is not None  # `missing` above returned otherwise
+    comps = tuple(compare(card, claim, method, a, _lookup(values, a) or {}) for a in claim.against)
     ok = all(_comparison_holds(claim.kind, c) for c in comps)
     base.comparisons = comps
     base.verdict = "pass" if ok else "fail"
@@ -277,7 +281,7 @@ def evaluate_claim(
         effects = [
             claim.paper_effect
             if claim.paper_effect is not None
-            else claim.paper_effect_rel * abs(c.against_mean)
+            else (claim.paper_effect_rel or 0.0) * abs(c.against_mean)
             for c in comps
         ]
         base.paper_effect = min(effects, default=None)
@@ -343,13 +347,14 @@ def refutations(card: Card, values: Values) -> list[str]:
     """Passing claims that still hold with a baseline's or floor's numbers in the method's place."""
     problems = []
     for claim, actual, ref, holds in null_table(card, values):
+        assert claim.method is not None  # null_table lists comparative claims only
         if actual.holds and holds:
             problems.append(
                 f"claim {claim.id!r} cannot tell {claim.method} from {ref}: it still holds with {ref.run}'s "
                 f"per-seed values in {claim.method.run}'s place (add {ref.run} to its 'against', with an amendment)"
             )
     for claim in card.claims:
-        if claim.kind == "parity" and not claim.control:
+        if claim.kind == "parity" and not claim.control and claim.method is not None:
             actual = evaluate_claim(card, claim, values, {}, has_cuda=True)
             if actual.holds and not stand_ins(card, claim, values):
                 problems.append(
@@ -401,8 +406,6 @@ def regressions(card: Card, scale: str, results: list[ClaimResult]) -> list[str]
 
 def recorded_values(card: Card, scale: str) -> dict[str, dict[str, dict[int, float]]]:
     """Run -> metric -> {seed: value} from the card's ``recorded:`` block at ``scale``."""
-    from litlab.lit_modules.core.errors import CardError
-
     rec = card.recorded
     if rec.get("scale") != scale:
         return {}

@@ -42,9 +42,10 @@ import litlab.lit_modules
 from litlab.callbacks.exact_resume import ExactResume
 from litlab.callbacks.run_summary import RunSummary, record_failed_attempt
 from litlab.callbacks.save_adapters import SaveAdapters
+from litlab.checkpoint_io import SafeCheckpointIO
 from litlab.lit_modules.core.errors import unavailable_cause
 from litlab.lit_modules.core.seeding import reset_ledger
-from litlab.runs import RunLock, SafeCheckpointIO, default_run_id, wandb_mode
+from litlab.runs import RunLock, default_run_id, wandb_mode
 
 
 def import_method_modules() -> None:

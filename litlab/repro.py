@@ -216,6 +216,7 @@ def fit_in_subprocesses(jobs: dict[str, FitRequest], workers: int, log_dir: Path
             cwd=Path.cwd(),
             text=True,
         )
+        assert proc.stdin is not None and proc.stdout is not None  # both are pipes
         try:
             while True:
                 try:
@@ -274,6 +275,7 @@ def run_one(card: Card, request: FitRequest) -> SeedRun:
         torch.set_num_threads(threads)
         sys.argv = argv
         _finish_wandb_run()
+    assert run_dir is not None  # LitlabCLI sets it before it fits
     summary = json.loads((run_dir / "summary.json").read_text())
     if summary.get("status") != "finished":
         raise RuntimeError(f"run {run_name} seed {seed} did not finish: {summary.get('status')} ({run_dir})")
@@ -332,15 +334,14 @@ def reproduce(
         validate_runs(card, requests, scale)
     started = time.time()
     fitted_here: set[Path] = set()  # run folders fitted by this invocation (shared by entries of one run)
-    worker_fitted: set[FitRequest] = set()
+    fitted_keys: set[str] = set()  # the _fit_key of every request a --jobs worker fitted
     if jobs > 1:
         distinct: dict[str, FitRequest] = {}
         for name, per_seed in requests.items():
             for req in per_seed:
                 if _fit_key(req) not in {_fit_key(r) for r in distinct.values()}:  # same config, other name
                     distinct[f"{name}-s{req.seed}"] = req
-        worker_fitted = {distinct[k] for k in fit_in_subprocesses(distinct, jobs, out_dir / "logs")}
-    fitted_keys = {_fit_key(r) for r in worker_fitted}
+        fitted_keys = {_fit_key(distinct[k]) for k in fit_in_subprocesses(distinct, jobs, out_dir / "logs")}
     per_run: dict[str, RunResult] = {}
     for name, per_seed in requests.items():
         values = []
@@ -479,8 +480,8 @@ def claim_entry(c: ClaimResult) -> dict[str, Any]:
             for x in c.comparisons
         }
     if c.headline and c.comparisons:
-        entry["mde"] = round(c.mde, 6)
-        entry["paper_effect"] = round(c.paper_effect, 6)
+        entry["mde"] = round(c.mde or 0.0, 6)
+        entry["paper_effect"] = round(c.paper_effect or 0.0, 6)
         if c.sensitivity:
             entry["sensitivity"] = c.sensitivity
     if c.value is not None:
@@ -513,7 +514,7 @@ def judged_block(card: Card, recorded: dict[str, Any], keep_hash: bool) -> dict[
     probe = dataclasses.replace(card, recorded=recorded)
     results = judge_recorded(probe, has_cuda=torch.cuda.is_available())
     status, reason = card_verdict(card, results, str(recorded.get("scale", "quick")))
-    head = {k: recorded[k] for k in ("date", "command", "scale", "seeds") if k in recorded}
+    head: dict[str, Any] = {k: recorded[k] for k in ("date", "command", "scale", "seeds") if k in recorded}
     sha = (
         recorded.get("claims_sha256") if keep_hash and recorded.get("claims_sha256") else claims_sha256(card)
     )
@@ -602,7 +603,7 @@ def print_null(card: Card) -> int:
     survivors = 0
     for claim, actual, ref, holds in rows:
         bad = actual.holds and holds
-        survivors += bad
+        survivors += int(bool(bad))
         label = "HOLDS: refused" if bad else ("holds" if holds else "fails")
         print(f"{claim.id:34s} {actual.verdict:8s} {str(ref):40s} {label}")
     untested = [

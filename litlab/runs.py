@@ -116,13 +116,3 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
-
-
-def __getattr__(name: str) -> Any:
-    # Moved to litlab.checkpoint_io (torch and Lightning there); still named here until litlab/cli.py imports
-    # SafeCheckpointIO from there. Remove then.
-    if name in ("SafeCheckpointIO", "torch_load_checkpoint"):
-        from litlab import checkpoint_io
-
-        return getattr(checkpoint_io, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
