@@ -37,7 +37,10 @@ def test_prompts_follow_the_run_seed(monkeypatch):
     ledger = seed_ledger()
     assert ledger["components"] == {"prompts": derive_seed("prompts")}
     assert ledger["artefacts"] == {"prompts.val": fingerprint(a)}
-    again, b = prompts_at(0, monkeypatch, lengths=[128], num_prompts=4), prompts_at(1, monkeypatch, lengths=[128], num_prompts=4)
+    again, b = (
+        prompts_at(0, monkeypatch, lengths=[128], num_prompts=4),
+        prompts_at(1, monkeypatch, lengths=[128], num_prompts=4),
+    )
     assert all(torch.equal(x["context_ids"], y["context_ids"]) for x, y in zip(a, again))
     assert not any(torch.equal(x["context_ids"], y["context_ids"]) for x, y in zip(a, b))
     assert fingerprint(a) != fingerprint(b)

@@ -280,7 +280,9 @@ def test_salaad_state_is_checkpointed_and_a_resumed_run_matches(tmp_path, quiet_
 
 def test_dense_setup_has_no_admm_and_bad_settings_fail():
     assert SALAADLM(**TINY, admm=None).configure_callbacks() == []
-    (callback,) = SALAADLM(**TINY, admm={"rho": 0.05}).configure_callbacks()  # a CLI mapping becomes the dataclass
+    (callback,) = SALAADLM(
+        **TINY, admm={"rho": 0.05}
+    ).configure_callbacks()  # a CLI mapping becomes the dataclass
     assert callback.admm == ADMMConfig(rho=0.05) and callback.schedule == SALAADSchedule()
     with pytest.raises(ValueError, match="num_freq"):
         SALAADSchedule(num_freq=0)
@@ -440,7 +442,12 @@ def test_report_tells_runs_apart_by_their_saved_structure(tmp_path):
         for seed, (full, at25, at1) in enumerate(losses):
             run_dir = tmp_path / f"{name}-s{seed}"
             run_dir.mkdir()
-            metrics = {"val/loss": full, "val/loss@0.25": at25, "val/loss@1": at1, "capacity/full_fraction": 0.9}
+            metrics = {
+                "val/loss": full,
+                "val/loss@0.25": at25,
+                "val/loss@1": at1,
+                "capacity/full_fraction": 0.9,
+            }
             (run_dir / "summary.json").write_text(json.dumps({"metrics": metrics}))
             (run_dir / "config.yaml").write_text(json.dumps({"model": {"init_args": {"admm": admm}}}))
             runs.append(SeedRun(seed=seed, value=full, run_dir=run_dir))
@@ -457,4 +464,6 @@ def test_report_tells_runs_apart_by_their_saved_structure(tmp_path):
     assert extras.numbers["ours_drop_25"] == pytest.approx(0.6)
     assert extras.numbers["val_ratio_ours_plain"] == pytest.approx(1.1)
     assert not any(k.startswith(("plain_", "lr_only_")) for k in extras.numbers)
-    assert "| plain (post-hoc compression) |" in extras.markdown and "| ours (SALAAD, HPA) |" in extras.markdown
+    assert (
+        "| plain (post-hoc compression) |" in extras.markdown and "| ours (SALAAD, HPA) |" in extras.markdown
+    )

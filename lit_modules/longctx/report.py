@@ -61,7 +61,9 @@ def acc_vs_cr_report(result: CardResult, out_dir: Path) -> ReportExtras:
     kinds: dict[str, dict[str, str | None]] = {}  # model -> {run: kind}
     for name, run in result.runs.items():
         args = model_args(run)
-        kinds.setdefault((args.get("lm") or {}).get("name", "tiny_passkey_llama"), {})[name] = compression_kind(args)
+        kinds.setdefault((args.get("lm") or {}).get("name", "tiny_passkey_llama"), {})[name] = (
+            compression_kind(args)
+        )
     numbers: dict[str, float] = {}
     lines = [
         "| run | model | acc | CR | CR_inf | recon err K/V | tokens reconstructed |",

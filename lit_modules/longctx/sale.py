@@ -33,7 +33,7 @@ from litlab.kernels.block_sparse_attention import (
     block_sparse_attention,
     dense_causal_attention,
 )
-from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.core.results import CardResult, ReportExtras
 from litlab.lit_modules.longctx.contract import CalibrationData, LongContextData
 from litlab.lit_modules.longctx.harness import EVAL, TINY_LM, EvalSettings, FrozenLM, LongContextEval
@@ -359,6 +359,10 @@ class SALEPrefillModule(LongContextEval):
     ):
         super().__init__(lm, evaluation, query_after_compression=False)
         self.save_hyperparameters()
+        blocks, calibration = (
+            as_config(SALEConfig, blocks, "blocks"),
+            as_config(Calibration, calibration, "calibration"),
+        )
         self.cfg, self.calibration = blocks, calibration
         self.calibrates = calibration.theta is not None and attn != "sdpa"
         self.data_contract = CalibrationData if self.calibrates else LongContextData

@@ -32,7 +32,7 @@ import torch
 
 from litlab.kernels.block_sparse_attention import dense_causal_attention
 from litlab.kernels.lowrank import apply_rope, gather_lowrank_reconstruct, inverse_rope
-from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.core.results import CardResult, ReportExtras
 from litlab.lit_modules.longctx.harness import EVAL, TINY_LM, EvalSettings, FrozenLM, LongContextEval
 from litlab.lit_modules.longctx.kv_cache import (
@@ -461,7 +461,9 @@ class XKVCompressionModule(LongContextEval):
     ):
         super().__init__(lm, evaluation, query_after_compression=True)
         self.save_hyperparameters()
-        self.method = make_method(method, plan, selective, minicache)
+        plan = as_config(CompressionPlan, plan, "plan")
+        selective = as_config(SelectiveReconstruction, selective, "selective")
+        self.method = make_method(method, plan, selective, as_config(MiniCacheMerge, minicache, "minicache"))
         cfg = self.lm.config
         feats = cfg.num_key_value_heads * head_dim(cfg)
         self.cr_inf = (

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.core.models import TinyGPT, tiny_llama
 from litlab.lit_modules.core.schedules import warmup_then_decay_lr
 from litlab.lit_modules.lowcomm.contract import CommReporter
@@ -99,8 +99,8 @@ class LoRDOLMModule(L.LightningModule):
         self.save_hyperparameters()
         if optimizer not in ("lowrank_qh_adamw", "adamw"):
             raise ValueError(f"optimizer={optimizer!r} must be 'lowrank_qh_adamw' or 'adamw'")
-        self.net, self.low_rank = net, low_rank
-        n = net
+        self.net = n = as_config(TinyDecoder, net, "net")
+        self.low_rank = as_config(LowRankSetup, low_rank, "low_rank")
         if n.backbone == "tiny_gpt":
             if n.mlp_hidden % n.d_model:
                 raise ValueError(
@@ -115,7 +115,7 @@ class LoRDOLMModule(L.LightningModule):
             )
         else:
             raise ValueError(f"net.backbone={n.backbone!r} must be 'tiny_gpt' or 'llama'")
-        regex = low_rank.low_rank_regex
+        regex = self.low_rank.low_rank_regex
         self.low_rank_names = [
             name for name, p in self.model.named_parameters() if p.dim() == 2 and re.search(regex, name)
         ]

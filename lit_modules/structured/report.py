@@ -61,7 +61,9 @@ def derived_numbers(result: CardResult) -> dict[str, float]:
         for dense_name in by_structure.get("dense", []):
             dense = _per_seed(result, dense_name)
             ratios = [
-                m["val/loss"] / dense[s]["val/loss"] for s, m in salaad.items() if s in dense and "val/loss" in m
+                m["val/loss"] / dense[s]["val/loss"]
+                for s, m in salaad.items()
+                if s in dense and "val/loss" in m
             ]
             if ratios:
                 out[f"val_ratio_{name}_{dense_name}"] = max(ratios)

@@ -175,7 +175,9 @@ class SALAAD(L.Callback):
                 W.sub_((lr * g).to(W.dtype))
             self._correction.clear()
             step = trainer.global_step
-            if step > 0 and step % self.schedule.num_freq == 0:  # one ADMM / controller iteration every F steps (§3.5)
+            if (
+                step > 0 and step % self.schedule.num_freq == 0
+            ):  # one ADMM / controller iteration every F steps (§3.5)
                 for name, lin in self.modules.items():
                     self.state[name].update(lin.weight)
                 self._log(pl_module)

@@ -142,7 +142,9 @@ class ADMMConfig:
         if self.rho <= 0:
             raise ValueError(f"rho={self.rho} must be positive")
         if not 0.0 <= self.rate_sparsity <= 1.0 or not 0.0 <= self.rate_rank <= 1.0:
-            raise ValueError(f"rate_rank={self.rate_rank} and rate_sparsity={self.rate_sparsity} must lie in [0, 1]")
+            raise ValueError(
+                f"rate_rank={self.rate_rank} and rate_sparsity={self.rate_sparsity} must lie in [0, 1]"
+            )
         if self.components not in ("both", "low_rank", "sparse"):
             raise ValueError(f"components={self.components!r} must be 'both', 'low_rank' or 'sparse'")
 
