@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch import Tensor, nn
@@ -77,19 +78,9 @@ def run_seed_of(path: Path) -> int | None:
 @contextmanager
 def under_run_seed(seed: int | None) -> Iterator[None]:
     """The run seed ``seed`` for the block (``PL_GLOBAL_SEED``, what ``core.seeding.derive_seed`` reads), the
-    caller's afterwards; None leaves it as it is."""
-    if seed is None:
+    caller's environment afterwards; None leaves it as it is."""
+    with mock.patch.dict(os.environ, {} if seed is None else {"PL_GLOBAL_SEED": str(seed)}):
         yield
-        return
-    before = os.environ.get("PL_GLOBAL_SEED")
-    os.environ["PL_GLOBAL_SEED"] = str(seed)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("PL_GLOBAL_SEED", None)
-        else:
-            os.environ["PL_GLOBAL_SEED"] = before
 
 
 def module_from_checkpoint(path: Path, load_state: bool = True) -> nn.Module:
