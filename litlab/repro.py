@@ -382,9 +382,27 @@ def reproduce(
     )
     if problems:
         raise CardError(f"{card.path}: refused, on its runs' seed ledgers: " + "; ".join(problems))
+    result.roles, result.design_claims = card_design(card)
     call_report_hook(card, result, out_dir)
     judge(card, result)
     return result
+
+
+def card_design(card: Card) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """Every run's role and every claim as plain data: what a report hook may read of the card."""
+    claims = [
+        {
+            "id": c.id,
+            "kind": c.kind,
+            "method": str(c.method) if c.method else "",
+            "against": [str(a) for a in c.against],
+            "value": c.value,
+            "headline": c.headline,
+            "control": c.control,
+        }
+        for c in card.claims
+    ]
+    return {name: spec.role for name, spec in card.runs.items()}, claims
 
 
 def _fit_key(req: FitRequest) -> str:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from litlab.cards import load_card
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult, SeedRun
 from litlab.lit_modules.domain.report import (
     card_design,
@@ -23,6 +24,9 @@ from litlab.lit_modules.domain.report import (
     per_target_keys,
     run_checkpoint,
 )
+from litlab.repro import card_design as design_of_card
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_pca_2d_finds_the_long_axes():
@@ -50,6 +54,7 @@ def test_feature_pca_figure_writes_one_panel_per_model(tmp_path):
 
 
 def _result(tmp_path, runs, slug="toy"):
+    """A CardResult as `litlab repro` hands it to a hook (for a shipped card: with its roles and claims)."""
     rr = {
         name: RunResult(
             name,
@@ -62,7 +67,10 @@ def _result(tmp_path, runs, slug="toy"):
         )
         for name in runs
     }
-    return CardResult(slug, "t", "c", "quick", [0, 1], "m", "max", rr, "d", 1.0)
+    result = CardResult(slug, "t", "c", "quick", [0, 1], "m", "max", rr, "d", 1.0)
+    if slug != "toy":
+        result.roles, result.design_claims = design_of_card(load_card(ROOT / "seeds" / f"{slug}.yaml"))
+    return result
 
 
 def test_feature_report_reads_the_first_seed_and_names_what_is_missing(tmp_path):

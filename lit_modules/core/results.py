@@ -72,6 +72,10 @@ class CardResult:
     date: str
     wall_time_s: float
     extras: ReportExtras = field(default_factory=ReportExtras)
+    # the card's design, for report hooks (which sit below litlab.cards): every run's role, and every claim as
+    # plain data ({id, kind, method, against, value, headline, control}; sides are "run:metric")
+    roles: dict[str, str] = field(default_factory=dict)
+    design_claims: list[dict[str, Any]] = field(default_factory=list)
     # set by litlab.repro.judge once the runs (and the report hook) are done
     claims: list[Any] = field(default_factory=list)  # litlab.claims.ClaimResult, one per claim at this scale
     status: str = "not run"  # reproduced | not reproduced | inconclusive | not testable at this scale

@@ -24,24 +24,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from litlab.lit_modules.core.results import CardResult, ReportExtras
-
-# the checkout's root: a card the user's project does not hold is read from litlab's own seeds/
-CHECKOUT = Path(__file__).resolve().parent.parent.parent
 
 
 # ---- which runs and metrics a hook shows: from the card's roles and claims ---------------------------------------
 def card_design(result: CardResult) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """The roles (``{run: role}``) and claims (as written) of the card ``result`` measured, read from
-    ``seeds/<slug>.yaml`` (the working directory's project first, as ``litlab repro`` looks it up). A report hook
-    reads only these two: ``litlab.cards`` sits above the families, so the hook reads the card's YAML itself."""
-    relative = Path("seeds") / f"{result.slug}.yaml"
-    path = Path.cwd() / relative if (Path.cwd() / relative).is_file() else CHECKOUT / relative
-    raw = yaml.safe_load(path.read_text())
-    roles = {name: str(spec["role"]) for name, spec in raw["runs"].items()}
-    return roles, list(raw["claims"])
+    """The roles (``{run: role}``) and claims of the card ``result`` measured, as ``litlab repro`` hands them to
+    every report hook (``CardResult.roles``, ``CardResult.design_claims``)."""
+    return result.roles, result.design_claims
 
 
 def _run(ref: str) -> str:
