@@ -99,9 +99,9 @@ SHORT = {
     "loda": CONTINUAL,
     "dare": {
         "args": [
-            "--data.init_args.n_offline_steps=40",
-            "--data.init_args.n_online_steps=40",
-            "--data.init_args.dataset_size=2000",
+            "--model.init_args.offline_steps=40",
+            "--model.init_args.online_steps=40",
+            "--data.init_args.offline.size=2000",
             "--model.init_args.optim.batch_offline=16",
             "--model.init_args.optim.batch_online=16",
         ],
@@ -111,7 +111,7 @@ SHORT = {
     },
     "ngt": {
         "args": [
-            "--data.init_args.n_online_steps=80",
+            "--model.init_args.schedule.env_steps=80",
             "--model.init_args.schedule.learning_starts=20",
             "--model.init_args.schedule.batch_size=16",
             "--model.init_args.schedule.expert_batch_size=16",
