@@ -282,7 +282,7 @@ def test_report_hooks_read_a_card_result(tmp_path):
     assert extras.numbers["best_cr_within_1pt_xkv_smollm2"] == 6.0  # against SmolLM2's own dense accuracy
     assert (
         extras.numbers["xkv_sr_tokens_reconstructed_frac"] == 0.125
-        and "| xkv4_r1 | 0.995 |" in extras.markdown
+        and "| xkv4_r1 | tiny_passkey_llama | 0.995 |" in extras.markdown
     )
     extras = density_report(card({"dense": {"val/acc": 1.0}, "sale": {"val/acc": 1.0, "val/density": 0.4}}))
     assert extras.numbers["dense_density"] == 1.0 and extras.numbers["sale_density"] == 0.4
