@@ -27,6 +27,7 @@ TOOLS = {
     "plan": ("litlab.plan", "CSPLoRA: probe a config's frozen base once, write a rank plan"),
     "analyze": ("litlab.analyze", "training-free analyses of checkpoints: litlab analyze diffract ..."),
     "export": ("litlab.export", "deploy a checkpoint as Hugging Face models (SALAAD budgets)"),
+    "report": ("litlab.site", "a static HTML site of every card's verdicts, claims and figures (runs/site)"),
 }
 
 
