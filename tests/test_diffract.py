@@ -368,8 +368,8 @@ def test_swap_test_vectors_carry_the_gain(quick_scalars):  # §7.7
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    reason="measured (card diffract, 2026-12-02): the reconstructed rotation criterion is not better than random "
-    "rewinding at this scale (code, seed 0: AUC 0.0168 vs random mean 0.0126, above 1.05x)",
+    reason="measured (card diffract, 2026-12-06): the reconstructed rotation criterion is not better than random "
+    "rewinding at this scale (math, run seed 0: AUC 0.0371 vs random mean 0.0251, above 1.05x)",
     strict=True,  # seed 0 is deterministic: a pass here means the card's verdict moved
 )
 def test_criteria_against_random_rewinding(quick_scalars):  # §7.8
