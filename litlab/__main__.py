@@ -7,7 +7,7 @@ import os
 import sys
 import warnings
 
-from litlab.lit_modules.core.errors import USER_ERRORS
+from litlab.lit_modules.core.errors import USER_ERRORS, RunStopped
 from litlab.runs import wandb_mode
 
 # LightningCLI's subcommands: `litlab.cli` imports Lightning and every method module (seconds), so only these load it
@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
 
         LitlabCLI(args=None if from_shell else argv)
         return 0
+    except RunStopped as err:  # diverged, preempted, or a write that failed: its own exit code (README, run section)
+        if debug:
+            raise
+        print(f"litlab: {short_message(err)}", file=sys.stderr)
+        return err.exit_code
     except USER_ERRORS as err:
         if debug:
             raise
@@ -95,4 +100,8 @@ def short_message(err: BaseException, max_lines: int = 4) -> str:
 
 
 if __name__ == "__main__":
+    # `python -m litlab` put the working directory first on sys.path: a module there named like one a card or
+    # config imports would run. litlab never imports from it (README, "What runs code").
+    if sys.path and sys.path[0] in ("", os.getcwd()) and not sys.flags.safe_path:
+        del sys.path[0]
     sys.exit(main())
