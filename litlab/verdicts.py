@@ -51,8 +51,9 @@ class Verdict:
         return "<br>".join(parts) or "—"
 
 
-def verdict(card: Card) -> Verdict:
-    results = judge_recorded(card)
+def verdict(card: Card, results: list[ClaimResult] | None = None) -> Verdict:
+    """The card's verdict from ``results``, by default every claim judged on its recorded numbers."""
+    results = judge_recorded(card) if results is None else results
     status, reason = card_verdict(card, results, str(card.recorded.get("scale", "quick")))
     return Verdict(
         card=card,
