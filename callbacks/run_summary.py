@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from litlab.callbacks.preemption import PreemptionCheckpoint
+from litlab.lit_modules.core.errors import RunIOError, RunStopped
 from litlab.lit_modules.core.io import atomic_write_json
 from litlab.lit_modules.core.seeding import seed_ledger
 
@@ -59,7 +63,15 @@ class RunSummary(L.Callback):
         attempts = [*previous.get("attempts", []), attempt]
         if previous.get("status") == "finished" and status != "finished":
             record = previous  # a failed attempt never overwrites a finished record
-        atomic_write_json(path, {**record, "attempts": attempts})
+        try:
+            atomic_write_json(path, {**record, "attempts": attempts})
+        except OSError as err:  # a full or read-only disk: the status goes to stderr instead
+            message = (
+                f"cannot write {path} ({err.strerror or type(err).__name__}); this attempt's status: {status}"
+            )
+            if status == "finished":
+                raise RunIOError(message) from err
+            print(f"litlab: {message}", file=sys.stderr)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._started = time.time()
@@ -82,7 +94,20 @@ class RunSummary(L.Callback):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         stage = trainer.state.fn.value if trainer.state.fn else "fit"  # str(enum) differs across Pythons
-        self._write(trainer, stage, f"failed: {type(exception).__name__}: {exception}")
+        self._write(trainer, stage, exception_status(trainer, exception))
+
+
+def exception_status(trainer: L.Trainer, exception: BaseException) -> str:
+    """The status of an attempt that ``exception`` ended: ``diverged: ...``, ``preempted: SIGTERM at step N``, or
+    ``failed: <type>: <message>``."""
+    if isinstance(exception, RunStopped):
+        return exception.status
+    if isinstance(exception, SIGTERMException):
+        signal_name = next(
+            (c.signal_name for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)), "SIGTERM"
+        )
+        return f"preempted: {signal_name} at step {trainer.global_step}"
+    return f"failed: {type(exception).__name__}: {exception}"
 
 
 def record_failed_attempt(run_dir: str | Path, status: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from litlab.lit_modules.core.errors import CheckpointError
+from litlab.lit_modules.core.errors import CheckpointError, CheckpointWriteError
 from litlab.lit_modules.core.io import atomic_path
 
 
@@ -30,10 +31,10 @@ class SafeCheckpointIO(TorchCheckpointIO):
         try:
             with atomic_path(path) as tmp:
                 torch.save(checkpoint, tmp)
-        except OSError as err:
-            raise CheckpointError(
-                f"cannot write checkpoint {path} ({type(err).__name__}: {err}); the run stops rather than "
-                "go on without the checkpoint it would resume from"
+        except (OSError, RuntimeError) as err:  # torch reports a full disk as RuntimeError ("unexpected pos")
+            raise CheckpointWriteError(
+                f"cannot write checkpoint {path} ({write_failure_cause(err, path.parent)}); the previous "
+                "checkpoints are intact and the run stops rather than go on without the one it would resume from"
             ) from err
 
     def load_checkpoint(self, path, map_location=None, weights_only: bool | None = None) -> dict[str, Any]:
@@ -55,6 +56,18 @@ class SafeCheckpointIO(TorchCheckpointIO):
             raise _corrupt(path, err) from err
 
 
+def write_failure_cause(err: BaseException, folder: Path) -> str:
+    """Why a write failed, in words: the OS error, or for torch's own ``RuntimeError`` the free space left."""
+    if isinstance(err, OSError):
+        return f"{os.strerror(err.errno) if err.errno else type(err).__name__}: {err}"
+    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return f"{type(err).__name__}: {first_line}"
+    return f"{type(err).__name__}: {first_line}; {free / 2**20:.1f} MiB free in {folder}"
+
+
 def _corrupt(path: Path, err: Exception) -> CheckpointError:
     others = sorted(p.name for p in path.parent.glob("*.ckpt") if p != path)
     return CheckpointError(
@@ -66,3 +79,18 @@ def _corrupt(path: Path, err: Exception) -> CheckpointError:
 def torch_load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a litlab checkpoint outside a Trainer with the same checks."""
     return SafeCheckpointIO().load_checkpoint(path, map_location=torch.device("cpu"))
+
+
+def newest_loadable_checkpoint(folder: str | os.PathLike) -> tuple[Path | None, list[str]]:
+    """The newest ``*.ckpt`` in ``folder`` (by modification time) that loads, and a line per newer one that did not:
+    a run killed while writing ``last.ckpt`` resumes from its newest complete checkpoint instead of starting over."""
+    candidates = sorted(Path(folder).glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    skipped: list[str] = []
+    for path in candidates:
+        try:
+            SafeCheckpointIO().load_checkpoint(path, map_location="cpu")
+        except CheckpointError as err:
+            skipped.append(f"{path.name}: {str(err).splitlines()[0][:300]}")
+            continue
+        return path, skipped
+    return None, skipped

@@ -13,16 +13,24 @@ Every run, unless its config says otherwise, gets:
 * ``adapters.safetensors``, the adapters alone, when the model has any (``litlab.callbacks.save_adapters.SaveAdapters``);
 * checkpoints loaded with ``weights_only=True`` and a clear error for a truncated file;
 * one writer per run folder (``RunLock``: a second ``fit`` on it stops at once, naming the holder's pid);
+* ``--ckpt_path last`` resumes from the newest checkpoint that loads (a kill during the write of ``last.ckpt``
+  leaves the one before), saying which; temp files a killed writer left are removed first;
+* ``StopOnDivergence``: the first NaN/inf loss or logged metric stops the fit, status ``diverged: <metric> at step
+  N`` (``--stop_on_divergence=false`` turns it off); ``PreemptionCheckpoint``: SIGTERM/SIGUSR1 save a checkpoint at
+  the current step, status ``preempted``; the exit codes are in the README's run section;
+* ``--experiment`` and ``--run_id`` are folder names: a path that would lead outside ``--runs_dir`` is refused;
 * a folder ``runs/<experiment>/<run-id>/`` where ``run-id = <config hash>-s<seed>``, so relaunching the same
   config with ``--ckpt_path last`` resumes the interrupted attempt.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import pkgutil
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +44,22 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import litlab.datamodules
 import litlab.lit_modules
+from litlab.callbacks.divergence import StopOnDivergence
 from litlab.callbacks.exact_resume import ExactResume
+from litlab.callbacks.preemption import PreemptionCheckpoint
 from litlab.callbacks.run_summary import RunSummary, record_failed_attempt
 from litlab.callbacks.save_adapters import SaveAdapters
-from litlab.checkpoint_io import SafeCheckpointIO
-from litlab.lit_modules.core.errors import unavailable_cause
+from litlab.checkpoint_io import SafeCheckpointIO, newest_loadable_checkpoint, write_failure_cause
+from litlab.lit_modules.core.errors import CheckpointError, RunIOError, RunPreempted, unavailable_cause
 from litlab.lit_modules.core.seeding import reset_ledger
-from litlab.runs import RunLock, default_run_id, wandb_mode
+from litlab.runs import RunLock, default_run_id, remove_stale_temp_files, run_folder, wandb_mode
+
+# what a full disk, a read-only file system or a quota raise while a run writes its logs
+IO_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EIO})
 
 
 def import_method_modules() -> None:
@@ -80,6 +94,7 @@ class LitlabCLI(LightningCLI):
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_kwargs", {"parser_mode": "yaml"})
+        kwargs.setdefault("parser_class", ShortErrorParser)
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -97,6 +112,13 @@ class LitlabCLI(LightningCLI):
             help="Run folder name. Default: <config hash>-s<seed>, so a relaunch resumes.",
         )
         parser.add_argument("--runs_dir", type=str, default="runs", help="Root folder of all runs.")
+        parser.add_argument(
+            "--stop_on_divergence",
+            type=bool,
+            default=True,
+            help="Stop a fit at the first NaN/inf training loss or logged metric (status 'diverged: <metric> at "
+            "step N', exit code 4).",
+        )
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI reads a given checkpoint's hyper-parameters before anything else: check it first."""
@@ -125,28 +147,36 @@ class LitlabCLI(LightningCLI):
         seed = cfg.get("seed_everything")
         reset_ledger(seed if isinstance(seed, int) and seed is not False else None)  # one ledger per run
         run_id = cfg.get("run_id") or default_run_id(cfg.as_dict(), seed if seed is not False else None)
-        self.run_dir = Path(cfg.runs_dir) / self._experiment_name(cfg) / run_id
+        self.run_dir = run_folder(cfg.runs_dir, self._experiment_name(cfg), run_id)
         if self.skip_finished and _finished(self.run_dir):
             raise RunAlreadyFinished(self.run_dir)
         if self.subcommand == "fit" and self.takes_run_lock and not _secondary_rank():
             # one writer per run folder, before any logger or checkpoint touches it
             self.run_lock = RunLock(self.run_dir).acquire()
+            remove_stale_temp_files(self.run_dir)  # a killed writer's half files; we hold the lock
             if cfg.get("ckpt_path") == "last":
-                # a broken last.ckpt fails here, before loggers make a new csv version and wandb run
-                candidates = sorted(
-                    (self.run_dir / "checkpoints").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime
-                )
-                if candidates:
-                    self._check_checkpoint(candidates[-1])
+                cfg["ckpt_path"] = self._resume_checkpoint()
 
-    def _check_checkpoint(self, path: Path) -> None:
-        try:
-            SafeCheckpointIO().load_checkpoint(path, map_location="cpu")
-        except Exception as err:
-            assert self.run_dir is not None
+    def _resume_checkpoint(self) -> str:
+        """The newest checkpoint of the run that loads, checked before loggers make a new csv version and wandb run;
+        ``CheckpointError`` when there are checkpoints and none loads (the run does not silently start over)."""
+        assert self.run_dir is not None
+        folder = self.run_dir / "checkpoints"
+        path, skipped = newest_loadable_checkpoint(folder)
+        if path is None and skipped:
+            err = CheckpointError(
+                f"no checkpoint in {folder} loads, so the run cannot resume: " + "; ".join(skipped)
+            )
             record_failed_attempt(self.run_dir, f"failed: {type(err).__name__}: {err}")
             self.release_run_lock()
-            raise
+            raise err
+        if path is None:
+            print(f"litlab: no checkpoint in {folder}: --ckpt_path last starts at step 0", file=sys.stderr)
+            return "last"  # Lightning's own answer (a warning and a fresh start)
+        if skipped or path.name != "last.ckpt":
+            why = "; ".join(skipped) if skipped else "there is no last.ckpt"
+            print(f"litlab: resuming from {path} ({why})", file=sys.stderr)
+        return str(path)
 
     def release_run_lock(self) -> None:
         if self.run_lock is not None:
@@ -169,8 +199,35 @@ class LitlabCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         try:
             super()._run_subcommand(subcommand)
+        except SIGTERMException:  # Lightning's: a SystemExit with no code, which a shell would see as success
+            raise self._preempted() from None
+        except OSError as err:
+            if err.errno not in IO_ERRNOS:
+                raise
+            where = err.filename or self.run_dir
+            raise RunIOError(
+                f"cannot write {where} ({write_failure_cause(err, Path(str(where)).parent)})"
+            ) from err
         finally:
             self.release_run_lock()  # the kernel also drops it when the process dies, SIGKILL included
+
+    def _preempted(self) -> RunPreempted:
+        import signal
+
+        callbacks: list[Callback] = getattr(self.trainer, "callbacks", [])
+        callback = next((c for c in callbacks if isinstance(c, PreemptionCheckpoint)), None)
+        name = callback.signal_name if callback else "SIGTERM"
+        step = self.trainer.global_step
+        saved = (
+            f"checkpoint at step {step} saved"
+            if callback and callback.saved_step == step
+            else "no checkpoint"
+        )
+        return RunPreempted(
+            f"preempted by {name} at step {step} ({saved}); resume with --ckpt_path last",
+            status=f"preempted: {name} at step {step}",
+            signal_number=int(getattr(signal, name)),
+        )
 
     # ---- default loggers, callbacks, plugins ----------------------------------------------------
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
@@ -208,6 +265,8 @@ class LitlabCLI(LightningCLI):
             kwargs["plugins"] = [SafeCheckpointIO()]
 
         defaults: list[Callback] = [
+            # before RunSummary: the checkpoint at the signal, then the status
+            PreemptionCheckpoint(run_dir / "checkpoints"),
             RunSummary(
                 run_dir,
                 {
@@ -215,8 +274,12 @@ class LitlabCLI(LightningCLI):
                     "experiment": experiment,
                     "seed": self._get(self.config, "seed_everything"),
                 },
-            )
+            ),
         ]
+        divergence_check = self._get(self.config, "stop_on_divergence", default=True)
+        if divergence_check and not _has(user_callbacks, StopOnDivergence):
+            # first: a diverged step is neither checkpointed nor recorded as finished
+            defaults.insert(0, StopOnDivergence())
         if not _has(user_callbacks, ExactResume):
             defaults.append(ExactResume())  # generators and epoch position in every checkpoint
         if not _has(user_callbacks, SaveAdapters):
@@ -235,6 +298,13 @@ class LitlabCLI(LightningCLI):
             defaults.append(LearningRateMonitor(logging_interval="step"))
         self.trainer_defaults = {**self.trainer_defaults, "callbacks": defaults}
         return super().instantiate_trainer(**kwargs)
+
+
+class ShortErrorParser(LightningArgumentParser):
+    """A refused argument prints the error and the ``--help`` tip, not the whole usage block (50 lines for fit)."""
+
+    def print_usage(self, file: Any = None) -> None:
+        print(f"usage: {self.prog} [options]", file=file or sys.stderr)
 
 
 class _Parsed(Exception):

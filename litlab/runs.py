@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from litlab.lit_modules.core.errors import RunFolderBusy
+from litlab.lit_modules.core.errors import ConfigError, RunFolderBusy
 
 # Keys that name *where* or *how visibly* a run happens, not *what* it computes (the seed is kept apart:
 # it is the run id's suffix, so the seeds of one config share a hash prefix).
@@ -30,6 +30,7 @@ IDENTITY_EXCLUDED_KEYS = frozenset(
         "run_id",
         "runs_dir",
         "ckpt_path",
+        "stop_on_divergence",
         "subcommand",
         "verbose",
         "trainer.logger",
@@ -65,6 +66,39 @@ def config_hash(config: Mapping[str, Any], length: int = 10) -> str:
 
 def default_run_id(config: Mapping[str, Any], seed: int | None) -> str:
     return f"{config_hash(config)}-s{seed if seed is not None else 'x'}"
+
+
+def check_run_name(flag: str, name: str) -> str:
+    """``--experiment`` and ``--run_id`` are folder names, not paths: a separator, ``..`` or an absolute path would
+    put the run's files outside ``--runs_dir``."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or os.sep in name or "\0" in name:
+        raise ConfigError(
+            f"{flag} must be a folder name (no '/', '..' or absolute path): got {name!r}; runs live under --runs_dir"
+        )
+    return name
+
+
+def run_folder(runs_dir: str | os.PathLike, experiment: str, run_id: str) -> Path:
+    """``<runs_dir>/<experiment>/<run_id>``, checked to resolve inside ``runs_dir`` (a symlinked name cannot lead out)."""
+    root = Path(runs_dir)
+    run_dir = root / check_run_name("--experiment", experiment) / check_run_name("--run_id", run_id)
+    if not run_dir.resolve().is_relative_to(root.resolve()):
+        raise ConfigError(
+            f"run folder {run_dir} resolves to {run_dir.resolve()}, outside --runs_dir {root.resolve()}"
+        )
+    return run_dir
+
+
+def remove_stale_temp_files(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete the ``.<name>.<pid>.tmp`` files (``atomic_path``) that a killed writer left in the run folder and its
+    ``checkpoints/``. Called while holding the run's lock: no live process is writing them."""
+    removed = []
+    for folder in (Path(run_dir), Path(run_dir) / "checkpoints"):
+        for tmp in folder.glob(".*.tmp"):
+            if tmp.is_file():
+                tmp.unlink(missing_ok=True)
+                removed.append(tmp)
+    return removed
 
 
 def wandb_mode() -> str:

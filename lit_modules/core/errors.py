@@ -70,3 +70,42 @@ def unavailable_cause(err: BaseException | None) -> ResourceUnavailableError | N
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
+
+
+class RunStopped(RuntimeError):
+    """A fit that litlab stopped on purpose, with the status ``summary.json`` records and the exit code ``litlab``
+    returns (the README's run section lists them). Raised from inside the Trainer, so every callback's
+    ``on_exception`` sees it and the run's last good checkpoint stays as it was."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, status: str | None = None):
+        super().__init__(message)
+        self.status = status or f"failed: {type(self).__name__}: {message}"
+
+
+class RunDiverged(RunStopped):
+    """The training loss or a logged metric became NaN or infinite; status ``diverged: <metric> at step N``."""
+
+    exit_code = 4
+
+
+class RunPreempted(RunStopped):
+    """SIGTERM or SIGUSR1 (a scheduler's preemption): a checkpoint was written at the current step; status
+    ``preempted: <signal> at step N``; exit code 128 + the signal's number (143 for SIGTERM), as a shell reports
+    a process the signal ended."""
+
+    def __init__(self, message: str, status: str, signal_number: int):
+        super().__init__(message, status)
+        self.exit_code = 128 + signal_number
+
+
+class RunIOError(RunStopped):
+    """A checkpoint, log or summary that could not be written (no space, read-only, quota); the message names the
+    file and the cause."""
+
+    exit_code = 74  # EX_IOERR (sysexits.h)
+
+
+class CheckpointWriteError(RunIOError, CheckpointError):
+    """A checkpoint that could not be written: torch raises ``RuntimeError`` for a full disk, not ``OSError``."""
