@@ -564,6 +564,10 @@ class DiffractCPT(L.LightningModule):
     ``val/loss_general`` and ``diffract/<scalar>`` (see ``analyze_pair``); writes ``<run>/diffract.json`` and the
     figures. θ0 is rebuilt from the cache in ``__init__`` (it is not part of the checkpoint)."""
 
+    # the analysis' scalars are NaN where a quantity does not apply (e.g. no full rewind in the plan); the training
+    # loss is still checked for divergence (litlab.callbacks.divergence)
+    nonfinite_metrics_allowed = ("diffract/*",)
+
     def __init__(
         self,
         base: TinyBase = TINY_BASE,

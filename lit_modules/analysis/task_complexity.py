@@ -646,6 +646,9 @@ class TaskComplexity(L.LightningModule):
     and ``/perf`` per point, and ``tc/<summary>`` (``summarize``: ``log2_C_<δ·100>``, ``max_perf``, ...); writes
     ``<run>/task_complexity.json`` and ``task_complexity_frontier.png``."""
 
+    # a frontier point that is never reached is infinite or NaN on purpose (litlab.callbacks.divergence)
+    nonfinite_metrics_allowed = ("tc/*",)
+
     def __init__(
         self,
         base: SumsBase = SUMS_BASE,
