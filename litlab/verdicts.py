@@ -106,11 +106,13 @@ COLUMNS = (
     "MDE vs paper effect",
     "n",
     "wall time",
+    "recorded",
 )
 
 
 def cards_markdown(cards_dir: Path | None = None) -> str:
-    """The README's methods table (``litlab repro --list --markdown``)."""
+    """The README's methods table (``litlab repro --list --markdown``): the columns of ``litlab report``'s index,
+    which adds each headline claim in the paper's words, the seeds and the authors'-code check."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for card, slug, error in card_rows(cards_dir):
         if card is None:
@@ -125,7 +127,7 @@ def cards_markdown(cards_dir: Path | None = None) -> str:
         lines.append(
             f"| [`{slug}`](seeds/{slug}.yaml) {card.title.split(':')[0]}{amended} | {claims} | "
             f"{v.headline_text() or '—'} | **{v.status}** | {v.control_text()} | {v.mde_text()} | {v.n} | "
-            f"{wall_time(card.recorded)} |"
+            f"{wall_time(card.recorded)} | {card.recorded.get('date', '—')} |"
         )
     return "\n".join(lines) + "\n"
 
