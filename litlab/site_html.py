@@ -30,7 +30,8 @@ pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:12px}small,.meta{c
 .claim{border:1px solid #d0d7de;border-radius:6px;padding:.4em .9em;margin:.8em 0}.claim h3{margin:.3em 0}
 blockquote{margin:.4em 0;padding:0 .8em;border-left:3px solid #d0d7de;color:#57606a}.fragile{color:#9a6700;font-weight:600}
 img.forest{width:min(100%,860px);display:block;margin:.4em 0}.rerun img{max-width:100%;border:1px solid #d0d7de}
-.filters{margin:.6em 0}.filters select{margin-right:1em}td.words{min-width:18em;font-size:.92em}#cards td:first-child{min-width:13em}
+.filters{margin:.6em 0}.filters select{margin-right:1em}#cards{font-size:12.5px}#cards td{max-width:15em}#cards code{overflow-wrap:anywhere}
+td.words{min-width:16em;max-width:24em!important;font-size:.92em}#cards td:first-child{min-width:12em}
 """
 
 SCRIPT = """
@@ -107,7 +108,7 @@ def index_row(p: CardPage) -> str:
             f'<td colspan="9">invalid card: {escape(p.error)}</td></tr>'
         )
     card, v, rec = p.card, p.verdict, p.card.recorded
-    arxiv = f" · arXiv {p.arxiv}" if p.arxiv else ""
+    arxiv = f" · arXiv {p.arxiv}" if p.arxiv and p.arxiv not in card.venue else ""
     paper = f'<a href="{p.slug}.html">{escape(card.title)}</a><br><small>{escape(card.venue)}{arxiv}</small>'
     words = "<br>".join(
         (f"<code>{escape(c.id)}</code> " if len(card.headlines) > 1 else "") + escape(shorten(c.paper, 200))
@@ -277,7 +278,7 @@ def render_card(p: CardPage) -> str:
     plans = "".join(
         f"<h3>{escape(s)} scale</h3><pre>{escape(text)}</pre>" for s, text in reversed(p.plans.items())
     )
-    arxiv = f" · arXiv {escape(p.arxiv)}" if p.arxiv else ""
+    arxiv = f" · arXiv {escape(p.arxiv)}" if p.arxiv and p.arxiv not in card.venue else ""
     n_claims = len(card.claims)
     body = f"""<nav><a href="index.html">← all cards</a></nav>
 <h1>{escape(card.title)}</h1>
