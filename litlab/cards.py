@@ -16,7 +16,7 @@ what the maintainers measured (``recorded:``). Example::
       zero:  {role: floor, config: configs/lokra/quick.yaml, overrides: {model.init_args.lr: 0.0}}
       full:  {role: ceiling, config: configs/lokra/quick.yaml, overrides: {model.init_args.mode: full}}
       lora:  {role: baseline, config: configs/lokra/quick.yaml, overrides: {model.init_args.mode: lora}}
-      lokra: {role: method, config: configs/lokra/quick.yaml, overrides: {data.init_args.seed: "{seed}"}}
+      lokra: {role: method, config: configs/lokra/quick.yaml}
     claims:
       - id: beats_lora
         kind: better                 # better | parity | mechanism (see litlab.claims)
@@ -230,9 +230,14 @@ class Card:
     paper_numbers: str = ""
     status_note: str = ""
     report_hook: str = ""  # "module:function", see litlab.repro.call_report_hook
-    # seed components that are the same for every card seed on purpose -> why (see check_seed_ledgers)
+    # seed components that are the same for every card seed on purpose -> why (see check_seed_ledgers); the card's
+    # ``shared:`` holds for every scale, ``scales.<scale>.shared`` for that scale only (a full scale's one data file)
     shared: dict[str, str] = field(default_factory=dict)
+    scale_shared: dict[str, dict[str, str]] = field(default_factory=dict)
     path: Path | None = None
+
+    def shared_for(self, scale: str) -> dict[str, str]:
+        return {**self.shared, **self.scale_shared.get(scale, {})}
 
     def runs_for(self, scale: str) -> dict[str, RunSpec]:
         return {n: r for n, r in self.runs.items() if scale in r.scales}
@@ -369,11 +374,15 @@ def _flat(scale_overrides: Any) -> dict[str, Any]:
     return {k: v for per in (scale_overrides or {}).values() if isinstance(per, dict) for k, v in per.items()}
 
 
-def check_seed_ledgers(card: Card, ledgers: dict[str, dict[int, dict[str, Any] | None]]) -> list[str]:
-    """Problems with the runs' seed ledgers (run -> card seed -> ``summary.json``'s ``seed_ledger``): a run
-    without one, a run seed that is not its card seed, or a component whose derived seed or artefact
-    fingerprint repeats across card seeds while the card does not declare it ``shared``."""
+def check_seed_ledgers(
+    card: Card, ledgers: dict[str, dict[int, dict[str, Any] | None]], scale: str = "quick"
+) -> list[str]:
+    """Problems with the runs' seed ledgers (run -> card seed -> ``summary.json``'s ``seed_ledger``) at one
+    scale: a run without one, a run seed that is not its card seed, or a component whose derived seed or
+    artefact fingerprint repeats across card seeds while the card does not declare it ``shared`` (for every
+    scale or for this one)."""
     problems = []
+    shared = set(card.shared_for(scale))
     for run, by_seed in ledgers.items():
         missing = sorted(s for s, ledger in by_seed.items() if not ledger)
         if missing:
@@ -388,7 +397,7 @@ def check_seed_ledgers(card: Card, ledgers: dict[str, dict[int, dict[str, Any] |
                 problems.append(f"run {run} seed {s}: its ledger says run seed {ledger.get('run_seed')}")
         for kind in ("components", "artefacts"):
             names = set().union(*(ledger.get(kind, {}) for ledger in present.values()))
-            for comp in sorted(names - set(card.shared)):
+            for comp in sorted(names - shared):
                 seen: dict[Any, list[int]] = {}
                 for s, ledger in sorted(present.items()):
                     if comp in ledger.get(kind, {}):
@@ -398,7 +407,8 @@ def check_seed_ledgers(card: Card, ledgers: dict[str, dict[int, dict[str, Any] |
                     what = "seed" if kind == "components" else "artefact fingerprint"
                     problems.append(
                         f"run {run}: component {comp!r} has the same {what} for card seeds {repeats[0]}; "
-                        f"every seed must vary it, or the card declares it under 'shared: {{{comp}: why}}'"
+                        f"every seed must vary it, or the card declares it under 'shared: {{{comp}: why}}' "
+                        f"(or 'scales.{scale}.shared')"
                     )
     return problems
 
@@ -674,6 +684,11 @@ def load_card(path: str | Path, check_preregistration: bool = True) -> Card:
         status_note=str(raw.get("status_note", "")),
         report_hook=hook,
         shared=_parse_shared(where, raw.get("shared")),
+        scale_shared={
+            s: shared
+            for s in SCALES
+            if (shared := _parse_shared(f"{where}: scales.{s}", (scales_raw.get(s) or {}).get("shared")))
+        },
         path=path,
     )
     if check_preregistration:

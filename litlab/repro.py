@@ -47,7 +47,13 @@ from litlab.claims import (
     refutations,
     regressions,
 )
-from litlab.lit_modules.core.errors import CardError, ConfigError, ResourceUnavailableError
+from litlab.lit_modules.core.errors import (
+    CardError,
+    ConfigError,
+    ResourceUnavailableError,
+    RunFailed,
+    RunStopped,
+)
 from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult, SeedRun
 from litlab.verdicts import list_cards
@@ -271,6 +277,8 @@ def run_one(card: Card, request: FitRequest) -> SeedRun:
         reused = False
     except RunAlreadyFinished as done:
         run_dir = done.run_dir
+    except RunStopped as stopped:  # diverged or preempted: a failed run, never a number
+        raise RunFailed(f"run {run_name} seed {seed} did not finish: {stopped.status}") from stopped
     finally:
         torch.set_num_threads(threads)
         sys.argv = argv
@@ -278,7 +286,7 @@ def run_one(card: Card, request: FitRequest) -> SeedRun:
     assert run_dir is not None  # LitlabCLI sets it before it fits
     summary = json.loads((run_dir / "summary.json").read_text())
     if summary.get("status") != "finished":
-        raise RuntimeError(f"run {run_name} seed {seed} did not finish: {summary.get('status')} ({run_dir})")
+        raise RunFailed(f"run {run_name} seed {seed} did not finish: {summary.get('status')} ({run_dir})")
     metric = card.run_metric(run_name)
     if metric not in summary["metrics"]:
         raise KeyError(f"run {run_name} logged no metric {metric!r}; it logged {sorted(summary['metrics'])}")
@@ -378,7 +386,7 @@ def reproduce(
         wall_time_s=round(time.time() - started, 1),
     )
     problems = check_seed_ledgers(
-        card, {n: {v.seed: _ledger(v.run_dir) for v in r.runs} for n, r in per_run.items()}
+        card, {n: {v.seed: _ledger(v.run_dir) for v in r.runs} for n, r in per_run.items()}, scale
     )
     if problems:
         raise CardError(f"{card.path}: refused, on its runs' seed ledgers: " + "; ".join(problems))
@@ -458,7 +466,21 @@ def judge(card: Card, result: CardResult) -> None:
     result.mismatches = mismatches(card, result.scale, values)
 
 
-def call_report_hook(card: Card, result: CardResult, out_dir: Path) -> None:
+def check_report_hook(card: Card, trusted: tuple[str, ...] = ()) -> None:
+    """A card is data, but its ``report_hook`` names code that ``litlab repro`` would import and call: only hooks
+    inside litlab, or in a module the user named with ``--trust-hooks``, are run (README, "What runs code")."""
+    if not card.report_hook:
+        return
+    module_name = card.report_hook.split(":")[0].strip()
+    if module_name == "litlab" or module_name.startswith("litlab.") or module_name in trusted:
+        return
+    raise CardError(
+        f"{card.path}: report_hook {card.report_hook!r} is outside litlab and would run that module's code; "
+        f"if you trust it, pass --trust-hooks {module_name}"
+    )
+
+
+def call_report_hook(card: Card, result: CardResult, out_dir: Path, trusted: tuple[str, ...] = ()) -> None:
     """A card's ``report_hook: "module:function"`` adds what a table of means cannot show.
 
     It is called as ``fn(result, out_dir) -> ReportExtras`` after all runs finished (``litlab.lit_modules.core.results``
@@ -467,6 +489,7 @@ def call_report_hook(card: Card, result: CardResult, out_dir: Path) -> None:
     """
     if not card.report_hook:
         return
+    check_report_hook(card, trusted)
     module_name, fn_name = card.report_hook.split(":")
     try:
         fn = getattr(importlib.import_module(module_name), fn_name)

@@ -453,6 +453,14 @@ def test_card_refuses_components_shared_across_seeds(tmp_path):
         "pairing: seed", "pairing: seed\nshared: {backbone: a real pretrained model, target: fixed}"
     )
     assert check_seed_ledgers(load_card(write_card(tmp_path, shared, "s.yaml")), broken) == []
+    # shared at one scale only (a full scale's one data file): the quick scale still refuses it
+    per_scale = TINY_CARD.replace(
+        "  quick: {seeds: [0, 1, 2]}",
+        "  quick: {seeds: [0, 1, 2]}\n  full: {seeds: [0, 1, 2], shared: {backbone: one file, target: fixed}}",
+    )
+    per_scale_card = load_card(write_card(tmp_path, per_scale, "p.yaml"))
+    assert check_seed_ledgers(per_scale_card, broken, "full") == []
+    assert len(check_seed_ledgers(per_scale_card, broken, "quick")) == 2
     assert "no seed_ledger" in check_seed_ledgers(card, {"plus": {0: None, 1: ledger(1, "a")}})[0]
     with pytest.raises(CardError, match="'shared' maps each seed component"):
         load_card(
