@@ -323,6 +323,7 @@ def reproduce(
     extra: list[str] | None = None,
     include_optional: bool = False,
     jobs: int = 1,
+    trusted_hooks: tuple[str, ...] = (),
 ) -> CardResult:
     seeds = list(seeds if seeds is not None else card.seeds[scale])
     runs = card.runs_for(scale)
@@ -391,7 +392,7 @@ def reproduce(
     if problems:
         raise CardError(f"{card.path}: refused, on its runs' seed ledgers: " + "; ".join(problems))
     result.roles, result.design_claims = card_design(card)
-    call_report_hook(card, result, out_dir)
+    call_report_hook(card, result, out_dir, trusted_hooks)
     judge(card, result)
     return result
 
@@ -694,6 +695,18 @@ def print_drift(card: Card, res: CardResult) -> None:
 
 
 # ---- command line -------------------------------------------------------------------------------
+def seed_list(text: str) -> list[int]:
+    """``--seeds 0,1,2``: comma-separated seeds, each in ``[0, 2**32)`` (NumPy's range)."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    bad = [s for s in seeds if not 0 <= s < 2**32]
+    if bad or not seeds:
+        raise argparse.ArgumentTypeError(f"--seeds must be integers in [0, 2**32), got {text!r}")
+    return seeds
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="litlab repro", description=__doc__.split("\n")[0])
     parser.add_argument("slug", nargs="?", help="card name (seeds/<slug>.yaml) or a path to a card file")
@@ -702,7 +715,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scale", choices=["quick", "full"], default="quick")
     parser.add_argument(
         "--seeds",
-        type=lambda s: [int(x) for x in s.split(",") if x],
+        type=seed_list,
         default=None,
         help="comma-separated seeds (default: the card's)",
     )
@@ -741,6 +754,13 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="exit 1 when a seed's number differs from the recorded one beyond the card's determinism tolerance",
     )
+    parser.add_argument(
+        "--trust-hooks",
+        type=lambda s: tuple(m.strip() for m in s.split(",") if m.strip()),
+        default=(),
+        metavar="MODULE[,MODULE]",
+        help="run a card's report_hook from these modules too (a hook runs code; by default only litlab's own)",
+    )
     parser.epilog = "Arguments after `--` go to every run's LightningCLI (e.g. -- --trainer.accelerator=gpu)."
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
@@ -766,6 +786,7 @@ def main(argv: list[str]) -> int:
             return print_null(card)
         if args.plan:
             return print_plan(card, args.scale, args.seeds, args.only, args.all)
+        check_report_hook(card, args.trust_hooks)  # before the runs, not after an hour of them
     except CardError as err:
         print(f"litlab repro: {err}", file=sys.stderr)
         return 2
@@ -779,7 +800,11 @@ def main(argv: list[str]) -> int:
             extra,
             include_optional=args.all,
             jobs=args.jobs,
+            trusted_hooks=args.trust_hooks,
         )
+    except RunFailed as err:  # a diverged or failed run: the card gets no number for it, and no report
+        print(f"litlab repro {card.slug}: {err}; no result is recorded", file=sys.stderr)
+        return 1
     except (CardError, ResourceUnavailableError) as err:
         # a full-scale run on a machine without the model or data: say what is missing, no traceback
         print(f"litlab repro {card.slug} --scale {args.scale}: {err}", file=sys.stderr)

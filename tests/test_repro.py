@@ -189,7 +189,20 @@ def test_report_hook_adds_figures_sections_and_derived_claims(tmp_path, monkeypa
     claim = HOOK_CLAIM.replace("tests.test_repro:ratio_hook", "tiny_card_hooks:ratio_hook")
     path = write_card(tmp_path, TINY_CARD + claim)
     out = tmp_path / "repro"
-    assert repro_main([str(path), "--out", str(out), "--only", "lora,plus", "--record"]) == 0
+    # a hook outside litlab runs code: refused before any run unless the user names its module
+    assert repro_main([str(path), "--out", str(out), "--only", "lora,plus"]) == 2
+    assert not (out / "tiny").exists()
+    args = [
+        str(path),
+        "--out",
+        str(out),
+        "--only",
+        "lora,plus",
+        "--record",
+        "--trust-hooks",
+        "tiny_card_hooks",
+    ]
+    assert repro_main(args) == 0
     report = (out / "tiny" / "report.md").read_text()
     assert "## Extra section" in report and "![extra](extra.png)" in report and "plus_over_lora" in report
     card = load_card(path)

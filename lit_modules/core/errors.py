@@ -109,3 +109,7 @@ class RunIOError(RunStopped):
 
 class CheckpointWriteError(RunIOError, CheckpointError):
     """A checkpoint that could not be written: torch raises ``RuntimeError`` for a full disk, not ``OSError``."""
+
+
+class RunFailed(RuntimeError):
+    """A card's run ended without a result (failed, diverged, preempted): the card records no number for it."""
