@@ -5,9 +5,15 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import warnings
 
-from litlab.lit_modules.core.errors import USER_ERRORS, RunStopped
+if __name__ == "__main__" and sys.path and sys.path[0] in ("", os.getcwd()):
+    # `python -m litlab` put the working directory first on sys.path: a module there named like one litlab, a card
+    # or a config imports (netrc.py, yaml.py) would run. litlab never imports from it (README, "What runs code").
+    del sys.path[0]
+
+import warnings  # noqa: E402  (after the working directory left sys.path)
+
+from litlab.lit_modules.core.errors import USER_ERRORS, RunStopped  # noqa: E402
 from litlab.runs import wandb_mode
 
 # LightningCLI's subcommands: `litlab.cli` imports Lightning and every method module (seconds), so only these load it
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
         LitlabCLI(args=None if from_shell else argv)
         return 0
-    except RunStopped as err:  # diverged, preempted, or a write that failed: its own exit code (README, run section)
+    except RunStopped as err:  # diverged, preempted, a failed write: its own exit code (README, run section)
         if debug:
             raise
         print(f"litlab: {short_message(err)}", file=sys.stderr)
@@ -100,8 +106,4 @@ def short_message(err: BaseException, max_lines: int = 4) -> str:
 
 
 if __name__ == "__main__":
-    # `python -m litlab` put the working directory first on sys.path: a module there named like one a card or
-    # config imports would run. litlab never imports from it (README, "What runs code").
-    if sys.path and sys.path[0] in ("", os.getcwd()) and not sys.flags.safe_path:
-        del sys.path[0]
     sys.exit(main())
