@@ -1,4 +1,4 @@
-"""The pages of ``litlab report`` (``litlab.site`` gathers what they show): the index and one page per card.
+"""The pages of ``litlab report`` (``litlab.site_data`` gathers what they show): the index and one page per card.
 
 Plain HTML with the style inline and one small script on the index (sort by a column, filter by family and
 status; ``index.html#family=peft&status=inconclusive&sort=wall`` opens filtered and sorted). Nothing is loaded
@@ -14,7 +14,7 @@ from html import escape
 from litlab.card_report import claim_rows, fmt
 from litlab.cards import Card
 from litlab.claims import ClaimResult
-from litlab.site import CardPage
+from litlab.site_data import CardPage
 from litlab.verdicts import wall_time
 
 STYLE = """
