@@ -23,7 +23,7 @@ h1{font-size:1.5em;margin:.2em 0}h2{border-bottom:1px solid #d0d7de;padding-bott
 table{border-collapse:collapse;width:100%;margin:.5em 0}th,td{border:1px solid #d0d7de;padding:4px 6px;vertical-align:top;text-align:left}
 th{background:#f6f8fa;position:sticky;top:0}#cards th{cursor:pointer;user-select:none}#cards th[data-dir=asc]::after{content:" ▲"}
 #cards th[data-dir=desc]::after{content:" ▼"}code{background:#f6f8fa;padding:0 3px;border-radius:3px;font-size:.92em}
-pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:12px}small,.meta{color:#57606a}
+summary{cursor:pointer;color:#0969da}pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:12px}small,.meta{color:#57606a}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;font-size:.9em;white-space:nowrap}
 .s-reproduced,.v-pass{background:#dafbe1;color:#1a7f37}.s-not-reproduced,.v-fail{background:#ffebe9;color:#cf222e}
 .s-inconclusive{background:#fff8c5;color:#9a6700}.s-not-testable-at-this-scale,.v-unrun,.v-skipped,.v-not-judged{background:#eaeef2;color:#57606a}
@@ -287,7 +287,7 @@ def render_card(p: CardPage) -> str:
 wall time {escape(wall_time(rec))} · authors' code check: {escape(p.authors_check)}</p>
 <p>Status: <span id="status" class="badge s-{slugged(v.status)}">{escape(v.status)}</span> <small>{escape(v.reason)}</small></p>
 <p><strong>The paper's claim.</strong> {escape(card.claim)}</p>
-<p>{escape(" ".join(card.status_note.split()))}</p>
+<details><summary>The card's note on this status (numbers, limits, cost)</summary><p>{escape(" ".join(card.status_note.split()))}</p></details>
 <h2>Claims (<span id="claim-count">{n_claims}</span>)</h2>
 <p class="meta">Each comparison: d, the method's improvement (&gt; 0 = better), with its 95 % interval
 ({"paired over seeds" if card.pairing == "seed" else "Welch"}); the black tick is what the interval's low end must clear
