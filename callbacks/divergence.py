@@ -39,12 +39,9 @@ class StopOnDivergence(L.Callback):
             self._check_metrics(trainer, pl_module)
 
     def _check_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        allowed = self.allowed + tuple(getattr(pl_module, "nonfinite_metrics_allowed", ()))
-        for name, value in trainer.callback_metrics.items():
-            if any(fnmatch(name, pattern) for pattern in allowed):
-                continue
-            if not _finite(value):
-                self._stop(trainer, name, value)
+        name = first_nonfinite(trainer.callback_metrics, pl_module, self.allowed)
+        if name is not None:
+            self._stop(trainer, name, trainer.callback_metrics[name])
 
     def _stop(self, trainer: L.Trainer, metric: str, value: Any) -> None:
         step = trainer.global_step
@@ -54,6 +51,17 @@ class StopOnDivergence(L.Callback):
             "check off with --stop_on_divergence=false)",
             status=f"diverged: {metric} at step {step}",
         )
+
+
+def first_nonfinite(
+    metrics: Mapping[str, Any], pl_module: L.LightningModule, allowed: tuple[str, ...] = ()
+) -> str | None:
+    """The first metric that is NaN or infinite, skipping the module's ``nonfinite_metrics_allowed`` patterns."""
+    allowed = tuple(allowed) + tuple(getattr(pl_module, "nonfinite_metrics_allowed", ()))
+    for name, value in metrics.items():
+        if not _finite(value) and not any(fnmatch(name, pattern) for pattern in allowed):
+            return name
+    return None
 
 
 def _finite(value: Any) -> bool:

@@ -18,8 +18,9 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from litlab.callbacks.divergence import first_nonfinite
 from litlab.callbacks.preemption import PreemptionCheckpoint
-from litlab.lit_modules.core.errors import RunIOError, RunStopped
+from litlab.lit_modules.core.errors import RunDiverged, RunIOError, RunStopped
 from litlab.lit_modules.core.io import atomic_write_json
 from litlab.lit_modules.core.seeding import seed_ledger
 
@@ -83,6 +84,13 @@ class RunSummary(L.Callback):
                 logger.save()
 
     def on_fit_end(self, trainer, pl_module) -> None:
+        # never "finished" with a NaN metric, even with --stop_on_divergence=false: on_exception records it
+        nonfinite = first_nonfinite(trainer.callback_metrics, pl_module)
+        if nonfinite is not None and not trainer.interrupted:
+            raise RunDiverged(
+                f"diverged: {nonfinite} is {trainer.callback_metrics[nonfinite]} at the end of the fit",
+                status=f"diverged: {nonfinite} at step {trainer.global_step}",
+            )
         self._write(trainer, "fit", "interrupted" if trainer.interrupted else "finished")
 
     def on_validation_end(self, trainer, pl_module) -> None:

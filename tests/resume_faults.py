@@ -80,3 +80,27 @@ class RaiseAtStep(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step >= self.step:
             raise RuntimeError(f"injected failure at step {trainer.global_step}")
+
+
+class SignalAtStep(L.Callback):
+    """Sends the process a real signal (``SIGTERM`` by default) at the first training batch at global step ``step``:
+    delivered as a scheduler's would be, handled between two Python instructions of that batch."""
+
+    def __init__(self, step: int, signal_name: str = "SIGTERM"):
+        self.step = step
+        self.signal_name = signal_name
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), getattr(signal, self.signal_name))
+
+
+class LogValueAtStep(L.Callback):
+    """Logs ``name`` = ``float(value)`` (e.g. ``"nan"``) from the first training batch at or after global step ``step``."""
+
+    def __init__(self, name: str, value: str, step: int):
+        self.name, self.value, self.step = name, float(value), step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step >= self.step:
+            pl_module.log(self.name, self.value)
