@@ -9,7 +9,8 @@ isolated P_t: A_P = top-r generalized eigenvectors of (M_cur, M_prev)   (new ene
 Only the up-projections train (plus A_S on the first task), with Gradient-Aligned Optimisation; at the task
 end the general update is shrunk per direction by a closed-form coefficient and both branches are merged.
 
-Our additions: ``ridge`` on M_prev in objective 2 (0 reproduces the code); the CPU toy's NCM-prototype
+Our additions: an optional ``ridge`` on M_prev in objective 2 (default 0.0, the released code, which has none;
+the card's recorded numbers were made with 1e-3); the CPU toy's NCM-prototype
 evaluation; one cosine head with the logits of other tasks masked instead of one head per task (the same
 function: each task's CosFace sees only its own classes).
 
@@ -44,16 +45,17 @@ def general_basis(M_cur: Tensor, M_prev: Tensor, r: int) -> Tensor:
 
 
 def ridged(M_prev: Tensor, ridge: float) -> Tensor:
-    """M_prev + ridge · trace(M_prev)/d · I. Our addition (ridge=0 is the official code): without it, on the
-    CPU toy objective 2 was maximised by near-null directions of M_prev (e.g. the constant direction LayerNorm
-    removes), whose current-task energy was about 0, and the isolated branch stayed inactive."""
+    """M_prev + ridge · trace(M_prev)/d · I. Our addition; ridge = 0 (the default) is the official code, which
+    regularises M_prev only by the Cholesky retry (+1e-12 I, ×10 per failure). With ridge 0 on the CPU toy
+    objective 2 was maximised by near-null directions of M_prev (e.g. the constant direction LayerNorm removes),
+    whose current-task energy was about 0, and the isolated branch stayed inactive; 1e-3 keeps it active."""
     M = M_prev.double()
     d = M.shape[0]
     return M + ridge * torch.trace(M) / d * torch.eye(d, dtype=M.dtype)
 
 
 def isolated_basis(
-    M_cur: Tensor, M_prev: Tensor, r: int, ridge: float = 1e-3, return_unorthogonalised: bool = False
+    M_cur: Tensor, M_prev: Tensor, r: int, ridge: float = 0.0, return_unorthogonalised: bool = False
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """Objective 2: max trace(Uᵀ M_cur U) s.t. Uᵀ M_prev U = I — the top-r generalized eigenvectors of
     (M_cur, M_prev), computed as the official code does: Cholesky M_prev = L Lᵀ (retrying with +eps I),
@@ -96,7 +98,7 @@ class LoDA(SequentialLoRA):
         avg_halving: bool = True,
         a_scale: float = 0.57735,
         merge_gamma: float = 3.0,
-        ridge: float = 1e-3,
+        ridge: float = 0.0,
         prev_stat_double_count: bool = True,
         use_general: bool = True,
         use_isolated: bool = True,
