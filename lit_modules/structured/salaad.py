@@ -14,7 +14,7 @@ Algorithm (the paper's method section could not be read; this follows the offici
                         decoupled: after the optimizer step, X ← X − η_t ρ(X_pre − L − S + Y/ρ)
     every F steps (§3.5, code order)
       1. L ← SVT_{α/ρ}(X − S + Y/ρ);  q = min{k : Σ_{j≤k} σ̃_j² ≥ e Σ σ̃²}
-      2. α ← α + ρ k_α (q/min(m,n) − r*)  [+ ρ k_dα max(0, rate − prev_rate) after pd_after updates]
+      2. α ← α + ρ k_α (q/min(m,n) − r*)  [+ ρ k_dα max(0, rate − prev_rate) from update pd_after on]
       3. S ← shrink_{β/ρ}(X − L + Y/ρ)    (hard_cut: β/ρ = the ⌊d*·mn⌋-th largest |·|, exact density d*)
       4. β ← β + ρ k_β (density − d*) [+ damping]   (adaptive β mode)
       5. ρ fixed
@@ -22,8 +22,10 @@ Algorithm (the paper's method section could not be read; this follows the offici
 
 Platform choices (reconstructed or simplified, spec §8): the penalty gradient is added to X's gradient in
 ``on_before_optimizer_step`` (before Lightning clips) — exactly the gradient of the coupled loss, so the method works
-as a Callback on any LightningModule with automatic optimisation; thresholds are clamped at 0; ρ is a tuned
-hyper-parameter (CPU default by the spec's §6 rule); every rank computes every block (no block ownership).
+as a Callback on any LightningModule with automatic optimisation; F counts optimiser steps, so gradient accumulation
+does not repeat the refresh; thresholds are clamped at 0 by default (``ADMMConfig.clamp_thresholds``; the official
+code does not clamp); ρ is a tuned hyper-parameter (CPU default by the spec's §6 rule); every rank computes every
+block (no block ownership).
 
 CPU defaults (spec §6): ρ = 2e-2, F = 10, k_α = 0.005, k_dα = 0, L₀ by SVD, r* = 0.15 (attention) / 0.35 (MLP),
 hard-cut S with d* = 0.05. Negative examples from the spec's calibration (do not use): ρ = 1e-2 without the SVD
@@ -98,6 +100,7 @@ class SALAAD(L.Callback):
         self.state: dict[str, BlockADMM] = {}
         self._pending: dict | None = None
         self._correction: dict[str, tuple[float, torch.Tensor]] = {}
+        self._step_at_batch_start = -1  # the optimiser steps done when the current (micro-)batch began
         self.cpu_s = 0.0  # process time spent in this callback (the method's overhead over a dense step)
 
     @property
@@ -167,6 +170,9 @@ class SALAAD(L.Callback):
                     self._correction[name] = (lr_of[id(W)], g)
         self.cpu_s += time.process_time() - t0
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._step_at_batch_start = trainer.global_step
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         t0 = time.process_time()
         with torch.no_grad():
@@ -175,9 +181,11 @@ class SALAAD(L.Callback):
                 W.sub_((lr * g).to(W.dtype))
             self._correction.clear()
             step = trainer.global_step
-            if (
-                step > 0 and step % self.schedule.num_freq == 0
-            ):  # one ADMM / controller iteration every F steps (§3.5)
+            # One ADMM / controller iteration after every F-th optimiser step (§3.5; the official trainer's
+            # ``num_it % num_freq == 0``). This hook runs after every micro-batch: under gradient accumulation the
+            # step counter stays the same for the micro-batches that did not step, which must not repeat it.
+            stepped = step != self._step_at_batch_start
+            if stepped and step % self.schedule.num_freq == 0:
                 for name, lin in self.modules.items():
                     self.state[name].update(lin.weight)
                 self._log(pl_module)

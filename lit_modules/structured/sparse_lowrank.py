@@ -54,19 +54,21 @@ def deploy_rank(sigma: Tensor, energy: float = ENERGY) -> int:
     return min(int((torch.cumsum(s, 0) / total < energy).sum()) + 1, len(s))
 
 
-def svt(Z: Tensor, tau: float, energy: float = ENERGY) -> tuple[Tensor, int, Tensor]:
+def svt(Z: Tensor, tau: float, energy: float = ENERGY, clamp: bool = True) -> tuple[Tensor, int, Tensor]:
     """Singular-value thresholding, the prox of ``τ‖·‖_*``: ``L = U diag(max(σ − τ, 0)) Vᵀ`` (spec §3.5 step 1).
 
-    Returns ``(L, q, σ̃)``: the minimiser of ``τ‖L‖_* + ½‖L − Z‖_F²``, its effective rank and shrunk spectrum."""
+    Returns ``(L, q, σ̃)``: the minimiser of ``τ‖L‖_* + ½‖L − Z‖_F²``, its effective rank and shrunk spectrum.
+    ``clamp``: a negative τ counts as 0; ``clamp=False`` applies it as the official code does (every σ grows by |τ|)."""
     U, s, Vh = torch.linalg.svd(Z, full_matrices=False)
-    s_shr = torch.clamp(s - max(tau, 0.0), min=0.0)
+    s_shr = torch.clamp(s - (max(tau, 0.0) if clamp else tau), min=0.0)
     L = (U * s_shr) @ Vh
     return L, effective_rank(s_shr, energy), s_shr
 
 
-def soft_threshold(Z: Tensor, tau: float) -> Tensor:
-    """The prox of ``τ‖·‖_1``: ``sign(z) · max(|z| − τ, 0)`` element-wise (spec §3.5 step 3)."""
-    return torch.sign(Z) * torch.clamp(Z.abs() - max(tau, 0.0), min=0.0)
+def soft_threshold(Z: Tensor, tau: float, clamp: bool = True) -> Tensor:
+    """The prox of ``τ‖·‖_1``: ``sign(z) · max(|z| − τ, 0)`` element-wise (spec §3.5 step 3). ``clamp``: a negative
+    τ counts as 0; ``clamp=False`` applies it as the official code does (every nonzero entry grows by |τ|)."""
+    return torch.sign(Z) * torch.clamp(Z.abs() - (max(tau, 0.0) if clamp else tau), min=0.0)
 
 
 def hard_cut_threshold(Z: Tensor, density: float) -> float:
@@ -100,19 +102,22 @@ def controller_update(
     gain_d: float = 0.0,
     count: int = 0,
     pd_after: int = 1500,
+    clamp: bool = True,
 ) -> float:
     """One step of the integral controller on α (or β) (spec §3.5 steps 2 and 4)::
 
-        Δα = ρ · k · (rate − r*)                                      for the first ``pd_after`` updates,
-        Δα = ρ · k · (rate − r*) + ρ · k_d · max(0, rate − prev_rate)  afterwards;   α ← max(α + Δα, 0)
+        Δα = ρ · k · (rate − r*)                                      updates 1 … pd_after − 1,
+        Δα = ρ · k · (rate − r*) + ρ · k_d · max(0, rate − prev_rate)  from update number pd_after on;   α ← α + Δα
 
     i.e. the threshold τ = α/ρ integrates the tracking error (rank ratio or density above target ⇒ threshold
-    grows). ``count``: controller updates made so far. The clamp at 0 is ours (spec §8: a negative threshold would
-    inflate singular values / entries); it also stops the integral from winding up below zero."""
+    grows). ``count``: controller updates made before this one, so this is update number ``count + 1``; the damped
+    law starts at update ``pd_after`` as in the official ``PARAM.update`` (its counter is incremented before the
+    ``nr_updates < start_epoch`` test). ``clamp``: α ← max(α + Δα, 0), the platform's anti-windup (a negative
+    threshold would inflate singular values / entries); the official code does not clamp (``clamp=False``)."""
     delta = rho * gain * (rate - target)
-    if count >= pd_after:
+    if count + 1 >= pd_after:
         delta += rho * gain_d * max(0.0, rate - prev_rate)
-    return max(value + delta, 0.0)
+    return max(value + delta, 0.0) if clamp else value + delta
 
 
 # ---- one block's ADMM state and update --------------------------------------------------------------------------
@@ -121,7 +126,11 @@ class ADMMConfig:
     """Per-block settings (spec §3.2/§3.6): targets r* (rate_rank) and d* (rate_sparsity), penalty ρ, the
     controllers' gains (k_α, k_β; damping k_dα, k_dβ after ``pd_after`` updates), the energy e of the effective
     rank, the threshold modes and their starting values α₀, β₀, and which components the surrogate has: ``both``
-    (SALAAD), ``low_rank`` (S ≡ 0) or ``sparse`` (L ≡ 0)."""
+    (SALAAD), ``low_rank`` (S ≡ 0) or ``sparse`` (L ≡ 0).
+
+    ``clamp_thresholds``: keep α, β (hence τ_L, τ_S) at or above 0. The official trainer does not clamp
+    (``False``): below 0 the SVT / soft threshold inflates every singular value / entry by |τ|, the rank ratio jumps
+    to 1 and the integral climbs back. ``True`` is the platform's anti-windup (spec §8)."""
 
     rate_rank: float = 0.15
     rate_sparsity: float = 0.05
@@ -137,6 +146,7 @@ class ADMMConfig:
     components: Literal["both", "low_rank", "sparse"] = "both"
     alpha0: float = 0.0
     beta0: float = 0.0
+    clamp_thresholds: bool = True
 
     def __post_init__(self) -> None:
         if self.rho <= 0:
@@ -162,7 +172,7 @@ class BlockADMM:
         z = torch.zeros(shape, dtype=torch.float32, device=device)
         self.L, self.S, self.Y = z.clone(), z.clone(), z.clone()
         self.rho, self.alpha, self.beta = float(cfg.rho), float(cfg.alpha0), float(cfg.beta0)
-        self.prev_rate, self.prev_density = 1.0, 1.0
+        self.prev_rate, self.prev_density = 0.0, 0.0  # the official PARAM's pre_rate starts at 0
         self.count = 0
         self.rate, self.density, self.residual = 0.0, 0.0, 1.0
 
@@ -176,11 +186,13 @@ class BlockADMM:
 
     @property
     def tau_L(self) -> float:
-        return max(self.alpha / self.rho, 0.0)
+        tau = self.alpha / self.rho
+        return max(tau, 0.0) if self.cfg.clamp_thresholds else tau
 
     @property
     def tau_S(self) -> float:
-        return max(self.beta / self.rho, 0.0)
+        tau = self.beta / self.rho
+        return max(tau, 0.0) if self.cfg.clamp_thresholds else tau
 
     def penalty(self, X: Tensor) -> Tensor:
         return penalty(X, self.L, self.S, self.Y, self.rho)
@@ -196,13 +208,13 @@ class BlockADMM:
         mn = self.m * self.n
         # 1. L-update (SVT): L = SVT_{α/ρ}(X − S + Y/ρ); q = effective rank of σ̃ (σ² energy e)
         if cfg.components != "sparse":
-            self.L, q, _ = svt(X - self.S + self.Y / rho, self.tau_L, cfg.energy)
+            self.L, q, _ = svt(X - self.S + self.Y / rho, self.tau_L, cfg.energy, cfg.clamp_thresholds)
             rate = q / min(self.m, self.n)
             # 2. α-controller: integral on τ_L, damping of rank increases after pd_after updates
             if cfg.alpha_mode == "adaptive":
                 self.alpha = controller_update(
                     self.alpha, rate, self.prev_rate, cfg.rate_rank, rho, cfg.k_alpha, cfg.k_dalpha,
-                    self.count, cfg.pd_after,
+                    self.count, cfg.pd_after, cfg.clamp_thresholds,
                 )  # fmt: skip
             self.prev_rate, self.rate = rate, rate
         # 3. S-update (soft threshold) with the new L: S = shrink_{β/ρ}(X − L + Y/ρ); hard_cut sets β/ρ first
@@ -210,13 +222,13 @@ class BlockADMM:
             Z = X - self.L + self.Y / rho
             if cfg.beta_mode == "hard_cut":
                 self.beta = rho * hard_cut_threshold(Z, cfg.rate_sparsity)
-            self.S = soft_threshold(Z, self.tau_S)
+            self.S = soft_threshold(Z, self.tau_S, cfg.clamp_thresholds)
             density = float((self.S != 0).sum()) / mn
             # 4. β-controller (adaptive mode): the same law on the density
             if cfg.beta_mode == "adaptive":
                 self.beta = controller_update(
                     self.beta, density, self.prev_density, cfg.rate_sparsity, rho, cfg.k_beta, cfg.k_dbeta,
-                    self.count, cfg.pd_after,
+                    self.count, cfg.pd_after, cfg.clamp_thresholds,
                 )  # fmt: skip
             self.prev_density, self.density = density, density
         # 5. ρ-update: fixed (the code's default)
