@@ -210,6 +210,9 @@ class Determinism:
 
     atol: float = 1e-6  # the recorded numbers are rounded to 6 decimals
     rtol: float = 0.0
+    # metrics that time the machine (a prefill latency): recorded and reported, never compared for drift, since
+    # no tolerance covers another machine's load or clock
+    wall_clock: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -664,8 +667,13 @@ def load_card(path: str | Path, check_preregistration: bool = True) -> Card:
             f"{MIN_QUICK_SEEDS} distinct seeds"
         )
     det_raw = raw.get("determinism") or {}
-    if not isinstance(det_raw, dict) or set(det_raw) - {"atol", "rtol"}:
-        raise CardError(f"{where}: determinism must be {{atol: x, rtol: y}}, got {det_raw!r}")
+    if not isinstance(det_raw, dict) or set(det_raw) - {"atol", "rtol", "wall_clock"}:
+        raise CardError(
+            f"{where}: determinism must be {{atol: x, rtol: y, wall_clock: [metric, ...]}}, got {det_raw!r}"
+        )
+    wall_clock = det_raw.get("wall_clock") or []
+    if not isinstance(wall_clock, list) or not all(isinstance(m, str) and m for m in wall_clock):
+        raise CardError(f"{where}: determinism.wall_clock must be a list of metric names, got {wall_clock!r}")
     card = Card(
         slug=path.stem,
         title=str(raw["title"]),
@@ -678,7 +686,9 @@ def load_card(path: str | Path, check_preregistration: bool = True) -> Card:
         metrics=metrics,
         pairing=raw["pairing"],
         amendments=_parse_amendments(where, raw.get("amendments")),
-        determinism=Determinism(**{k: float(v) for k, v in det_raw.items()}),
+        determinism=Determinism(
+            **{k: float(v) for k, v in det_raw.items() if k != "wall_clock"}, wall_clock=tuple(wall_clock)
+        ),
         recorded=dict(raw.get("recorded") or {}),
         paper_numbers=str(raw.get("paper_numbers", "")),
         status_note=str(raw.get("status_note", "")),

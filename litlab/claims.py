@@ -440,6 +440,8 @@ def mismatches(card: Card, scale: str, measured: Values) -> list[str]:
     out = []
     for name, by_metric in recorded_values(card, scale).items():
         for metric, per_seed in by_metric.items():
+            if metric in card.determinism.wall_clock:
+                continue
             for seed, value in ((measured.get(name) or {}).get(metric) or {}).items():
                 if seed in per_seed and not math.isclose(value, per_seed[seed], abs_tol=atol, rel_tol=rtol):
                     out.append(
@@ -471,6 +473,7 @@ def drift(card: Card, scale: str, measured: Values) -> list[Drift]:
         pairs = [
             (value, per_seed[seed])
             for metric, per_seed in by_metric.items()
+            if metric not in card.determinism.wall_clock
             for seed, value in ((measured.get(name) or {}).get(metric) or {}).items()
             if seed in per_seed
         ]

@@ -686,6 +686,8 @@ def print_drift(card: Card, res: CardResult) -> None:
     """Per run: how far its numbers moved from the recorded ones, and whether within the card's tolerance."""
     tol = card.determinism
     print(f"\nagainst the recorded numbers (determinism: atol {tol.atol:g}, rtol {tol.rtol:g}):")
+    if tol.wall_clock:
+        print(f"  not compared (wall-clock timings, machine-dependent): {', '.join(tol.wall_clock)}")
     for d in drift(card, res.scale, measured_values(res)):
         verdict = "within tolerance" if d.within else f"MOVED beyond tolerance ({d.beyond} values)"
         print(f"  {d.run:<28} {d.compared:>3} values  max |measured - recorded| {d.max_abs:.3g}  {verdict}")

@@ -253,6 +253,17 @@ def test_check_recorded_compares_every_seed_with_the_determinism_tolerance(tmp_p
     data["determinism"] = {"atol": 1e-3}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     assert repro_main([str(path), "--out", out, "--check-recorded"]) == 0
+    # a wall-clock metric (a latency) is recorded but never compared: no tolerance covers another machine's load
+    data["recorded"]["results"]["plus"]["metrics"]["val/delta_rank"]["values"][0] += 5.0
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert repro_main([str(path), "--out", out, "--check-recorded"]) == 1
+    data["determinism"] = {"atol": 1e-3, "wall_clock": ["val/delta_rank"]}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert repro_main([str(path), "--out", out, "--check-recorded"]) == 0
+    data["determinism"] = {"atol": 1e-3, "wall_clock": "val/delta_rank"}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(CardError, match="determinism.wall_clock must be a list"):
+        load_card(path)
 
 
 BEATS_FLOOR = """  - id: plus_beats_zero
