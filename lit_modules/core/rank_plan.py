@@ -39,11 +39,14 @@ def confidence_weights(
     gamma_scale: float = 1.0,
     gamma_max: float = 10.0,
     min_std: float = 1e-4,
+    detach: bool = True,
 ) -> Tensor:
     """Per-sample weights w (sum 1) from confidences c_i: difficulty d_i = 1 − c_i, then
     fixed: w = softmax(γ d); adaptive: γ_eff = min(γ_s / std(d), γ_max), w = softmax(γ_eff (d − mean d)),
-    uniform when std(d) < min_std; a batch of one gets weight 1 (weighting needs two samples)."""
-    d = 1.0 - confidence.detach().flatten().double()
+    uniform when std(d) < min_std; a batch of one gets weight 1 (weighting needs two samples).
+    ``detach``: the weights are constants of the backward pass (the paper's weighted loss); ``False`` keeps them
+    in the graph, so backward also differentiates softmax(γ d) (the released planner does)."""
+    d = 1.0 - (confidence.detach() if detach else confidence).flatten().double()
     n = d.numel()
     if n < 1:
         raise ValueError("confidence_weights needs at least one sample")
@@ -86,7 +89,10 @@ class ProbeSettings:
     """Stage 1 (paper Appendix D; the stopping rule of the official planner): probe ``min_steps`` to
     ``max_steps`` batches; every ``check_every`` steps compare the total energy E = Σ_l S_l / steps and the
     top-``top_k`` modules; stop after ``patience`` checks in a row with |ΔE|/E < ``rel_tol`` and no top module
-    moved more than ``rank_tol`` places."""
+    moved more than ``rank_tol`` places. ``detach_confidence`` and ``count_bias`` (default: the paper's saliency of
+    the base weight under a weighted loss with constant weights): the released planner (github.com/Ming-to/CSPLoRA,
+    ``csplora.py``) keeps the weights in the graph (``detach_confidence=False``) and adds each target module's
+    bias term Σ|b ⊙ ∂L_w/∂b| to its score (``count_bias=True``)."""
 
     gamma_strategy: GammaStrategy = "fixed"
     gamma: float = 2.0
@@ -99,6 +105,8 @@ class ProbeSettings:
     top_k: int = 20
     rank_tol: int = 5
     patience: int = 3
+    detach_confidence: bool = True
+    count_bias: bool = False
 
 
 def _stable(prev: list[str], now: list[str], rank_tol: int) -> bool:
@@ -121,25 +129,29 @@ def probe_saliency(
     settings: ProbeSettings = ProbeSettings(),  # noqa: B008  (frozen use only)
 ) -> tuple[dict[str, float], dict]:
     """S_l = (1/T) Σ_t Σ |W_l ⊙ ∂L_w/∂W_l| with L_w = Σ_i w_i ℓ_i (stage 1). ``modules`` maps names to the
-    wrapped linears (``AdapterLinear``: its base weight; ``nn.Linear``: its weight). No parameter changes: the
+    wrapped linears (``AdapterLinear``: its base weight; ``nn.Linear``: its weight), plus the bias term with
+    ``settings.count_bias``. No parameter changes: the
     model runs in eval mode, only the base weights take gradients, and every ``requires_grad`` flag is put back.
     Returns the scores and the probe's statistics (steps, whether it converged, mean effective sample size)."""
-    weights = {
-        n: cast(nn.Parameter, m.base.weight if isinstance(m, AdapterLinear) else m.weight)
-        for n, m in modules.items()
+    linears = {n: m.base if isinstance(m, AdapterLinear) else m for n, m in modules.items()}
+    scored: dict[str, list[nn.Parameter]] = {
+        n: [cast(nn.Parameter, lin.weight)]
+        + ([cast(nn.Parameter, lin.bias)] if settings.count_bias and lin.bias is not None else [])
+        for n, lin in linears.items()
     }
     flags = {p: p.requires_grad for p in model.parameters()}
-    flags.update({w: w.requires_grad for w in weights.values()})
+    flags.update({p: p.requires_grad for ps in scored.values() for p in ps})
     was_training = model.training
-    scores = {n: 0.0 for n in weights}
+    scores = {n: 0.0 for n in scored}
     steps, calm, converged, ess = 0, 0, False, []
     prev_energy: float | None = None
     prev_top: list[str] = []
     # Each weight's gradient is scored and freed as soon as backward has accumulated it, so at most a few of the
     # probed weights' gradients are alive at once (all of them at once is one more copy of every probed weight).
     names_of: dict[nn.Parameter, list[str]] = {}
-    for n, weight in weights.items():
-        names_of.setdefault(weight, []).append(n)
+    for n, params in scored.items():
+        for param in params:
+            names_of.setdefault(param, []).append(n)
 
     def score_and_free(weight: nn.Parameter) -> None:
         for n in names_of[weight]:
@@ -159,9 +171,14 @@ def probe_saliency(
         for batch in batches:
             loss, confidence = loss_and_confidence(model, batch)
             w = confidence_weights(
-                confidence, settings.gamma_strategy, settings.gamma, settings.gamma_scale, settings.gamma_max
+                confidence,
+                settings.gamma_strategy,
+                settings.gamma,
+                settings.gamma_scale,
+                settings.gamma_max,
+                detach=settings.detach_confidence,
             ).to(loss)
-            ess.append(float(1.0 / (w.double() ** 2).sum()) / w.numel())
+            ess.append(float(1.0 / (w.detach().double() ** 2).sum()) / w.numel())
             (w * loss).sum().backward()  # scores accumulate in score_and_free
             del loss, confidence, w
             steps += 1
@@ -211,6 +228,21 @@ def smooth(scores: Mapping[str, float], tau: float = 1.0) -> dict[str, float]:
 
 
 # ---- stage 3: budget allocation -------------------------------------------------------------------------
+def coverage_rho(s: Mapping[str, float], rho_min: float = 0.6, rho_max: float = 1.0) -> float:
+    """The released planner's adaptive coverage (``rho_method="coverage"``, on by default in its scripts; the paper
+    fixes ρ = 1): ρ = ρ_min + (ρ_max − ρ_min)·sqrt(exp(H)/L), H the entropy of s / Σ s, clipped to [ρ_min, ρ_max].
+    Flat scores give ρ_max; scores concentrated on few modules give ρ near ρ_min."""
+    if not 0 < rho_min <= rho_max <= 1:
+        raise ValueError(f"need 0 < rho_min <= rho_max <= 1, got rho_min={rho_min}, rho_max={rho_max}")
+    values = [v for v in s.values() if v > 0]
+    total = sum(values)
+    if not values or total <= 0:
+        return rho_max
+    entropy = -sum(v / total * math.log(v / total + 1e-12) for v in values)
+    rho = rho_min + (rho_max - rho_min) * math.sqrt(math.exp(entropy) / len(values))
+    return max(rho_min, min(rho_max, rho))
+
+
 @overload
 def allocate(
     s: Mapping[str, float],
@@ -219,6 +251,7 @@ def allocate(
     r_max: int | None = None,
     rho: float = 1.0,
     floor: Literal[True] = True,
+    unplanned_rank: int | None = None,
 ) -> dict[str, int]: ...
 
 
@@ -231,6 +264,7 @@ def allocate(
     rho: float = 1.0,
     *,
     floor: Literal[False],
+    unplanned_rank: int | None = None,
 ) -> dict[str, float]: ...
 
 
@@ -241,12 +275,15 @@ def allocate(
     r_max: int | None = None,
     rho: float = 1.0,
     floor: bool = True,
+    unplanned_rank: int | None = None,
 ) -> dict[str, float] | dict[str, int]:
     """r_l = min(r_min + ⌊(R_tot − L r_min) s_l / Σ s⌋, r_max), R_tot = L r_base, r_max = 4 r_base by default;
     the leftover goes +1 at a time to modules in descending s_l (cycling, skipping those at r_max). With
     ``floor=False`` the real-valued ranks r_min + (R_tot − L r_min) s_l / Σ s (the scale-invariant structure).
     ``rho < 1``: only the smallest top-score set holding ρ of the total score shares the budget; the rest get
-    r_min."""
+    r_min. ``unplanned_rank`` (the released planner with ρ < 1): the selected M modules share R_tot − M r_min
+    and the rest get ``unplanned_rank`` (PEFT's default rank r for modules outside ``rank_pattern``), so the
+    total exceeds R_tot by (L − M)·r."""
     names = list(s)
     L = len(names)
     if L == 0:
@@ -258,7 +295,6 @@ def allocate(
         )
     if not 0 < rho <= 1:
         raise ValueError(f"coverage rho must be in (0, 1], got {rho}")
-    total_budget = L * r_base
     order = sorted(names, key=lambda n: s[n], reverse=True)  # stable: ties keep module order
     active = order
     if rho < 1:
@@ -268,11 +304,14 @@ def allocate(
             acc += s[n]
             if acc >= rho * total:
                 break
-    remaining = total_budget - L * r_min
+    rest = r_min if unplanned_rank is None else unplanned_rank  # the rank of modules left out by rho
+    # left-out modules spend r_min of the budget R_tot = L r_base; at an unplanned rank they spend outside it
+    total_budget = L * r_base + (0 if unplanned_rank is None else (L - len(active)) * rest)
+    remaining = L * r_base - (L if unplanned_rank is None else len(active)) * r_min
     mass = sum(s[n] for n in active)
     if not floor:
-        return {n: r_min + (remaining * s[n] / mass if n in active else 0.0) for n in names}
-    ranks = {n: r_min for n in names}
+        return {n: r_min + remaining * s[n] / mass if n in active else float(rest) for n in names}
+    ranks = {n: r_min if n in active else rest for n in names}
     for n in active:
         ranks[n] = min(r_min + math.floor(remaining * s[n] / mass), r_max)
     leftover = total_budget - sum(ranks.values())
@@ -330,8 +369,14 @@ class RankPlan:
         r_max: int | None = None,
         variant: PlanVariant = "csplora",
         rho: float = 1.0,
+        adaptive_rho: bool = False,
     ) -> dict[str, int]:
-        return allocate(self.structure(variant), r_base, r_min, r_max, rho)
+        """Ranks for one budget. ``adaptive_rho`` (the released planner's default; the paper's is ρ = 1): ρ from
+        ``coverage_rho`` of the structure, the modules left out at PEFT's default rank r_base."""
+        s = self.structure(variant)
+        if adaptive_rho:
+            return allocate(s, r_base, r_min, r_max, coverage_rho(s), unplanned_rank=r_base)
+        return allocate(s, r_base, r_min, r_max, rho)
 
     def check_matches(self, module_names: Iterable[str]) -> None:
         """A plan loaded onto a model whose target modules differ is refused, naming the difference."""

@@ -81,7 +81,11 @@ class TokenViTBase:
 @config_part
 class PlannerConfig:
     """Stage 1's probe (``probe_batches`` batches of ``probe_batch_size``, γ and its strategy) and stage 2's
-    smoothing temperature τ; stage 3's r_max = ``r_max_factor``·r_base."""
+    smoothing temperature τ; stage 3's r_max = ``r_max_factor``·r_base. The defaults are the paper's; the released
+    planner (github.com/Ming-to/CSPLoRA) differs in three switches: ``detach_confidence=False`` (backward also
+    differentiates the weights softmax(γ d)), ``count_bias=True`` (each module's bias term joins its score) and
+    ``adaptive_rho=True`` (ρ from the coverage rule in [0.6, 1], the modules left out at PEFT's default rank r_base,
+    so the plan spends more than R_tot; see ``rank_plan.coverage_rho``)."""
 
     gamma: float = 2.0
     gamma_strategy: Literal["fixed", "adaptive_std", "uniform"] = "fixed"
@@ -89,6 +93,9 @@ class PlannerConfig:
     probe_batch_size: int = 32
     tau: float = 1.0
     r_max_factor: int = 4
+    detach_confidence: bool = True
+    count_bias: bool = False
+    adaptive_rho: bool = False
 
 
 TOKEN_VIT = TokenViTBase()
@@ -231,6 +238,8 @@ class CSPLoRAClassifier(L.LightningModule):
             gamma=cfg.gamma,
             min_steps=cfg.probe_batches,
             max_steps=cfg.probe_batches,
+            detach_confidence=cfg.detach_confidence,
+            count_bias=cfg.count_bias,
         )
 
         def loss_and_confidence(model: nn.Module, batch) -> tuple[Tensor, Tensor]:
@@ -244,7 +253,13 @@ class CSPLoRAClassifier(L.LightningModule):
             scores=scores,
             families={n: family_of(n) for n in names},
             base_model=f"token_vit(depth={self.base_cfg.depth}, width={self.base_cfg.width}, seed={self.backbone_seed})",
-            probe={**stats, "gamma": cfg.gamma, "gamma_strategy": cfg.gamma_strategy},
+            probe={
+                **stats,
+                "gamma": cfg.gamma,
+                "gamma_strategy": cfg.gamma_strategy,
+                "detach_confidence": cfg.detach_confidence,
+                "count_bias": cfg.count_bias,
+            },
             made_for_r_base=self.hparams.r_base,
             tau=cfg.tau,
         )
@@ -260,7 +275,10 @@ class CSPLoRAClassifier(L.LightningModule):
             plan = self.probe(names, dm)
         self.rank_plan_artefact = plan
         variant = "csplora" if self.plan_kind == "inverted" else self.plan_kind
-        ranks = plan.ranks(hp.r_base, hp.r_min, self.planner_cfg.r_max_factor * hp.r_base, variant=variant)
+        r_max = self.planner_cfg.r_max_factor * hp.r_base
+        ranks = plan.ranks(
+            hp.r_base, hp.r_min, r_max, variant=variant, adaptive_rho=self.planner_cfg.adaptive_rho
+        )
         if self.plan_kind == "inverted":
             ordered = [ranks[n] for n in names]
             ranks = dict(zip(names, reversed(ordered)))
@@ -402,6 +420,8 @@ class CSPLoRALanguageProbe(L.LightningModule):
             gamma=cfg.gamma,
             min_steps=cfg.probe_batches,
             max_steps=cfg.probe_batches,
+            detach_confidence=cfg.detach_confidence,
+            count_bias=cfg.count_bias,
         )
 
         def loss_and_confidence(m: nn.Module, batch) -> tuple[Tensor, Tensor]:
@@ -421,6 +441,8 @@ class CSPLoRALanguageProbe(L.LightningModule):
         stats.update(
             gamma=cfg.gamma,
             gamma_strategy=cfg.gamma_strategy,
+            detach_confidence=cfg.detach_confidence,
+            count_bias=cfg.count_bias,
             batch_size=cfg.probe_batch_size,
             block_size=int(batches[0]["input_ids"].shape[1]),
             wall_s=round(wall, 3),
@@ -440,7 +462,8 @@ class CSPLoRALanguageProbe(L.LightningModule):
 
     def budget_ranks(self, plan: RankPlan) -> dict[int, dict[str, int]]:
         f = self.planner_cfg.r_max_factor
-        return {b: plan.ranks(b, b // 4, f * b) for b in self.hparams.r_bases}
+        adaptive = self.planner_cfg.adaptive_rho
+        return {b: plan.ranks(b, b // 4, f * b, adaptive_rho=adaptive) for b in self.hparams.r_bases}
 
     def on_fit_start(self) -> None:
         from scipy.stats import spearmanr
