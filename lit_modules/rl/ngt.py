@@ -28,6 +28,27 @@ from litlab.lit_modules.rl.nets import RunningNorm, TanhGaussianActor, TwinCriti
 from litlab.lit_modules.rl.random_prior import RandomPriorPotential, RewardShaper
 from litlab.lit_modules.rl.sac import actor_loss_per_sample, critic_loss, polyak_update, temperature_loss
 
+TEMPERATURES = ("softplus", "exp")
+
+
+def sac_temperature(log_alpha: torch.Tensor, parameterisation: str) -> torch.Tensor:
+    """α from its trained parameter θ: softplus(θ) + 1e-10 (the released code) or exp(θ)."""
+    if parameterisation == "softplus":
+        return torch.nn.functional.softplus(log_alpha) + 1e-10
+    if parameterisation == "exp":
+        return log_alpha.exp()
+    raise ValueError(f"temperature={parameterisation!r} is not one of {', '.join(TEMPERATURES)}")
+
+
+def sac_temperature_loss(
+    log_alpha: torch.Tensor, logp: torch.Tensor, target_entropy: float, parameterisation: str
+) -> torch.Tensor:
+    """The temperature's loss: α(θ)·(−log π − H̄) with the gradient through softplus (released code), or the
+    log-α form −θ·(log π + H̄) (``sac.temperature_loss``)."""
+    if parameterisation == "exp":
+        return temperature_loss(log_alpha, logp, target_entropy)
+    return (sac_temperature(log_alpha, parameterisation) * (-logp.detach() - target_entropy)).mean()
+
 
 @config_part
 class RewardModel:
@@ -35,7 +56,10 @@ class RewardModel:
     prior and predictor are LeakyReLU MLPs of widths ``hidden`` with ``out_emb_dim`` outputs, compared by
     ``criterion`` (``huber``, or ``hl_gauss`` with a support of radius ``hlg_radius`` in ``hlg_bins`` bins);
     ``shaping`` maps h to the reward (``symexp``: the code's default; ``exp``: the arXiv v1 formula exp(−h));
-    ``lr``: the predictor's Adam learning rate."""
+    ``lr``: the predictor's Adam learning rate; ``prior_init``: ``orthogonal`` (the paper: orthogonal init under
+    spectral norm, the 1-Lipschitz argument) or ``released`` (the released code: its orthogonal init never reaches
+    the spectrally normalised weights, so both nets keep PyTorch's default init divided by σ, and the prior keeps
+    power-iterating; ``random_prior.released_mlp``)."""
 
     input_mode: Literal["sa", "ss"] = "sa"
     hidden: tuple[int, ...] = (128, 128, 128)
@@ -47,6 +71,7 @@ class RewardModel:
     prior_spectral_norm: bool = True
     predictor_spectral_norm: bool = True
     lr: float = 5e-5
+    prior_init: Literal["orthogonal", "released"] = "orthogonal"
 
 
 @config_part
@@ -54,7 +79,11 @@ class SACSettings:
     """The SAC learner: actor and twin critics of widths ``hidden`` (LayerNorm + SiLU, head gain 1e-3, as the
     code), learning rates, initial temperature α₀, discount, Polyak rate, gradient-norm clip of actor and
     critic, and ``obs_norm`` (running mean/std of observations shared by reward nets, actor and critics: the
-    code's default; the CPU config scales inputs by fixed ranges instead, data.obs_scale)."""
+    code's default; the CPU config scales inputs by fixed ranges instead, data.obs_scale). ``temperature``: α =
+    softplus(θ) + 1e-10 with the loss α·(−log π − H̄) (``softplus``: the released code, ``Agent.alpha``; the
+    paper's text does not say) or α = exp(θ) with the loss −θ·(log π + H̄) (``exp``: the SAC paper's log-α
+    form, this platform's earlier default); θ starts at log ``alpha_init`` either way (so α₀ = 0.182 with
+    softplus)."""
 
     hidden: tuple[int, ...] = (256, 256)
     actor_lr: float = 1e-4
@@ -65,6 +94,7 @@ class SACSettings:
     polyak: float = 0.005
     clip_norm: float = 20.0
     obs_norm: bool = False
+    temperature: Literal["softplus", "exp"] = "softplus"
 
 
 @config_part
@@ -105,6 +135,10 @@ class NGT(RLModule):
         self.schedule = as_config(Schedule, schedule, "NGT.schedule")
         if adv_scale < 0:
             raise ValueError(f"adv_scale must be >= 0, got {adv_scale}")
+        if self.sac.temperature not in TEMPERATURES:
+            raise ValueError(
+                f"sac.temperature={self.sac.temperature!r} is not one of {', '.join(TEMPERATURES)}"
+            )
         if self.schedule.env_steps < 0:
             raise ValueError(f"schedule.env_steps must be >= 0, got {self.schedule.env_steps}")
         self.online_iterations = self.schedule.env_steps  # no offline phase: the demos are only sampled
@@ -125,6 +159,7 @@ class NGT(RLModule):
                 prior_spectral_norm=rw.prior_spectral_norm,
                 predictor_spectral_norm=rw.predictor_spectral_norm,
                 prior_seed=derive_seed("prior"),
+                prior_init=rw.prior_init,
             )
             sac_kw = dict(layer_norm=True, activation="silu", head_gain=1e-3)  # the code's SAC nets
             self.actor = TanhGaussianActor(obs_dim, act_dim, list(sac.hidden), **sac_kw)
@@ -189,7 +224,7 @@ class NGT(RLModule):
             sched.batch_size, self.device
         )  # fresh batch, rewarded by the updated predictor
         reward = self.reward(batch)
-        alpha = self.log_alpha.exp().detach()
+        alpha = sac_temperature(self.log_alpha, self.sac.temperature).detach()
         normed = {**batch, "obs": self.norm(batch["obs"]), "next_obs": self.norm(batch["next_obs"])}
         loss_q = critic_loss(
             self.critic, self.critic_target, self.actor, normed, reward, alpha, self.sac.gamma
@@ -199,7 +234,7 @@ class NGT(RLModule):
         loss_pi, logp = actor_loss_per_sample(self.actor, self.critic, normed["obs"], alpha)
         # α is detached in the actor loss and log π in the temperature loss: disjoint gradients, one backward
         # (the actor loss's gradient on the critic is cleared before the next critic step)
-        loss_alpha = temperature_loss(self.log_alpha, logp, self.target_entropy)
+        loss_alpha = sac_temperature_loss(self.log_alpha, logp, self.target_entropy, self.sac.temperature)
         self.step_optimizers([(opt_actor, loss_pi.mean(), self.sac.clip_norm), (opt_alpha, loss_alpha, None)])
         dm.finish_iteration(idx)
         if (idx + 1) % hp.log_every == 0:

@@ -37,6 +37,26 @@ def freeze_spectral_norm(net: nn.Sequential, in_dim: int, iterations: int = 20) 
             parametrize.remove_parametrizations(layer, "weight", leave_parametrized=True)
 
 
+def released_mlp(in_dim: int, hidden: Sequence[int], out_dim: int, spectral_norm: bool) -> nn.Sequential:
+    """The reward net as the released code builds it (``src/agents/nets.py``, ``RandomPredictor``): each linear
+    layer is created (PyTorch's default init) and, with ``spectral_norm``, wrapped at once; the orthogonal init
+    (gain √(2/(1+0.2²)), head 1) is applied afterwards. On a wrapped layer it writes into the computed W/σ, a
+    temporary, so the stored weight keeps PyTorch's default init and only the biases become 0; without spectral
+    norm it reaches the weights. The discarded orthogonal draws and the power iteration each access runs are
+    reproduced, so one seed gives the released nets bit for bit (tests/test_official_ngt.py)."""
+    sn = nn.utils.parametrizations.spectral_norm
+    dims = [in_dim, *hidden, out_dim]
+    layers: list[nn.Module] = []
+    linears = []
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        linears.append(sn(nn.Linear(a, b)) if spectral_norm else nn.Linear(a, b))
+        layers += [linears[-1], *([nn.LeakyReLU(0.2)] if i < len(dims) - 2 else [])]
+    for i, lin in enumerate(linears):
+        nn.init.orthogonal_(lin.weight, gain=1.0 if i == len(linears) - 1 else leaky_relu_gain(0.2))
+        nn.init.zeros_(lin.bias)
+    return nn.Sequential(*layers)
+
+
 class RandomPriorPotential(nn.Module):
     def __init__(
         self,
@@ -50,24 +70,39 @@ class RandomPriorPotential(nn.Module):
         prior_spectral_norm: bool = True,
         predictor_spectral_norm: bool = True,
         prior_seed: int | None = None,
+        prior_init: str = "orthogonal",
     ):
         """``prior_seed``: the frozen prior f† is drawn from a generator seeded so (NGT passes the run's
-        ``prior`` stream), leaving torch's global generator to the predictor; None: both from the global one."""
+        ``prior`` stream), leaving torch's global generator to the predictor; None: both from the global one.
+        ``prior_init``: ``orthogonal`` (the paper's SN + orthogonal-init argument: every layer orthogonal, then
+        spectrally normalised; the frozen prior's W/σ computed once, ``freeze_spectral_norm``) or ``released``
+        (what the released code runs, ``released_mlp``: the spectrally normalised nets, prior and predictor, keep
+        PyTorch's default init divided by σ, and the prior keeps power-iterating at every training-mode forward;
+        its outputs are ~7x smaller)."""
         super().__init__()
         if criterion not in ("huber", "hl_gauss"):
             raise ValueError(f"criterion={criterion!r} is not one of huber, hl_gauss")
+        if prior_init not in ("orthogonal", "released"):
+            raise ValueError(f"prior_init={prior_init!r} is not one of orthogonal, released")
         self.criterion, self.out_dim = criterion, out_dim
         gain = leaky_relu_gain(0.2)  # orthogonal init, gain √(2/(1+0.2²)) ≈ 1.3868, head gain 1
         kw = dict(activation="leaky_relu", orthogonal_gain=gain, head_gain=1.0)
+        released = prior_init == "released"
         with torch.random.fork_rng(devices=[], enabled=prior_seed is not None):
             if prior_seed is not None:
                 torch.manual_seed(prior_seed)
-            self.prior = mlp(in_dim, hidden, out_dim, spectral_norm=prior_spectral_norm, **kw)
-            if prior_spectral_norm:
-                freeze_spectral_norm(self.prior, in_dim)
+            if released:
+                self.prior = released_mlp(in_dim, hidden, out_dim, prior_spectral_norm)
+            else:
+                self.prior = mlp(in_dim, hidden, out_dim, spectral_norm=prior_spectral_norm, **kw)
+                if prior_spectral_norm:
+                    freeze_spectral_norm(self.prior, in_dim)
         self.prior.requires_grad_(False)
         head = out_dim * hlg_bins if criterion == "hl_gauss" else out_dim
-        self.predictor = mlp(in_dim, hidden, head, spectral_norm=predictor_spectral_norm, **kw)
+        if released:
+            self.predictor = released_mlp(in_dim, hidden, head, predictor_spectral_norm)
+        else:
+            self.predictor = mlp(in_dim, hidden, head, spectral_norm=predictor_spectral_norm, **kw)
         self.register_buffer("edges", torch.linspace(-hlg_radius, hlg_radius, hlg_bins + 1))
         self.hlg_bins, self.hlg_sigma = hlg_bins, hlg_sigma_ratio * 2 * hlg_radius / hlg_bins
 
