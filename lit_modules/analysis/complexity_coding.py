@@ -9,7 +9,8 @@ step-function Pareto frontier of those points.
 
 This file holds the bit accounting as pure functions:
     prompt / ICL payload     ceil(Σ_{j>=2} -log2 p_θ(x_j | x_<j))      (first token free; exact arithmetic coder for
-                             tests: ``arithmetic_encode`` / ``arithmetic_decode``)
+                             tests: ``arithmetic_encode`` / ``arithmetic_decode``); each distribution smoothed as
+                             the released coder does (``smoothed_logprobs``, ε = float32 eps)
     LoRA payload             16 · #trainable (bf16)
     quantised LoRA [ours]    per tensor: 64 + Σ_t -log2((c_t(q_t) + ½) / (t - 1 + K/2)), adaptive
                              Krichevsky–Trofimov code of the b-bit symbols (K = 2^b; 64 = fp32 min and max)
@@ -35,7 +36,25 @@ ProbFn = Callable[
 ]  # prefix -> probabilities over the vocabulary (float64, sums to ~1)
 
 
+# The released ICL coder's smoothing constant: ``torch.finfo(float32).eps`` of its float32 probabilities.
+RELEASED_ICL_EPS = float(torch.finfo(torch.float32).eps)
+
+
 # ---- code lengths ---------------------------------------------------------------------------------------------
+def smoothed_logprobs(token_logprobs: Tensor, vocab: int, eps: float = RELEASED_ICL_EPS) -> Tensor:
+    """The released arithmetic coder's smoothing of every next-token distribution over ``vocab`` tokens
+    (``normalize_pdf``: p' ∝ (1 − 2Vε) p + ε, whose normaliser is 1 − Vε), applied to the coded tokens'
+    natural-log probabilities: log(((1 − 2Vε) p + ε) / (1 − Vε)). Every token keeps a probability >= ε/(1 − Vε)
+    (a few bits saved on very unlikely tokens, ~Vε/ln 2 bits lost on each likely one); the uniform distribution
+    is unchanged; ``eps = 0`` returns the input."""
+    if eps == 0:
+        return token_logprobs
+    if not 0 < eps < 1 / (2 * vocab):
+        raise ValueError(f"smoothing eps must be in [0, 1/(2·vocab)) = [0, {1 / (2 * vocab):.3g}), got {eps}")
+    p = token_logprobs.double().exp()
+    return torch.log(((1 - 2 * vocab * eps) * p + eps) / (1 - vocab * eps))
+
+
 def code_length_bits(logprobs: Tensor) -> float:
     """``Σ -log2 p`` of natural-log probabilities."""
     return float(-(logprobs.double() / math.log(2)).sum())

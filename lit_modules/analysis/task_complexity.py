@@ -86,8 +86,25 @@ SCRIPTS = {
 }
 
 
+# The authors' script sizes in bits (the released frontier notebook adds them to every point's payload: URIAL shares
+# ICL's); BLoRA's stands for lora_q, the quantised LoRA with its own decoder
+RELEASED_SCRIPT_BITS = {"baseline": 2952, "icl": 3704, "online": 5704, "lora": 2832, "lora_q": 8376}
+
+
 def script_bits(strategy: str) -> int:
     return 8 * len(SCRIPTS[strategy].encode("utf-8"))
+
+
+def with_released_script_bits(rows: Sequence[dict]) -> list[dict]:
+    """The rows with ``bits_script`` the authors' per-strategy size and ``bits_total`` = payload + it."""
+    return [
+        {
+            **r,
+            "bits_script": RELEASED_SCRIPT_BITS[r["strategy"]],
+            "bits_total": r["bits_payload"] + RELEASED_SCRIPT_BITS[r["strategy"]],
+        }
+        for r in rows
+    ]
 
 
 # ---- the three checkpoint states of the CPU recipe --------------------------------------------------------------
@@ -172,7 +189,9 @@ class StrategyPlan:
     """The strategies and their size knobs (the CPU recipe's values): ``icl_k`` prompt sizes; ``online_n`` numbers
     of transmitted examples (full fine-tuning, ``steps`` AdamW steps at ``lr``, batch ``batch_size``); LoRA of rank
     ``lora_rank`` (alpha ``lora_alpha``) on ``lora_targets`` trained ``steps`` steps at ``lora_lr`` on the first
-    ``lora_examples`` examples, then quantised to each of ``lora_bits``; ``max_new_tokens`` of greedy decoding. The
+    ``lora_examples`` examples, then quantised to each of ``lora_bits``; ``max_new_tokens`` of greedy decoding;
+    ``icl_smoothing_eps``: the ICL coder's smoothing (``complexity_coding.smoothed_logprobs``; the released coder's
+    float32 eps by default, 0 = none, as before issue 30). The
     epoch order after the first (the decoder replays it) and the LoRA init come from the run's ``data.epoch_order``
     and ``init`` streams (``core.seeding.derive_seed``)."""
 
@@ -189,6 +208,7 @@ class StrategyPlan:
     lora_targets: tuple[str, ...] = LORA_TARGETS
     lora_bits: tuple[int, ...] = (16, 4, 2)
     max_new_tokens: int = 10
+    icl_smoothing_eps: float = TC.RELEASED_ICL_EPS
 
 
 SUMS_BASE = SumsBase()
@@ -260,27 +280,34 @@ def _has_kv_cache(model: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def token_logprobs(model: nn.Module, text: str, tokenizer: TextTokens = TOKENIZER) -> Tensor:
-    """``log p(x_j | x_<j)`` (float64) of every token of ``text``; entry 0 (the first token) is 0."""
+def token_logprobs(
+    model: nn.Module, text: str, tokenizer: TextTokens = TOKENIZER, smoothing_eps: float = 0.0
+) -> Tensor:
+    """``log p(x_j | x_<j)`` (float64) of every token of ``text``; entry 0 (the first token) is 0. With
+    ``smoothing_eps`` each distribution is smoothed over the model's vocabulary (``TC.smoothed_logprobs``)."""
     ids = tokenizer.encode(text)
     block = _block(model)
     out = torch.zeros(len(ids), dtype=torch.float64)
     if len(ids) <= block + 1:  # one forward
         lp = torch.log_softmax(_logits(model, ids[None, :-1])[0].double(), -1)
-        out[1:] = lp.gather(1, ids[1:, None])[:, 0]
+        out[1:] = TC.smoothed_logprobs(lp.gather(1, ids[1:, None])[:, 0], lp.shape[-1], smoothing_eps)
         return out
     for j in range(1, len(ids)):  # longer than the context: each token with the last ``block`` before it
         ctx = ids[max(0, j - block) : j]
-        out[j] = torch.log_softmax(_logits(model, ctx[None])[0, -1].double(), -1)[ids[j]]
+        lp = torch.log_softmax(_logits(model, ctx[None])[0, -1].double(), -1)
+        out[j] = TC.smoothed_logprobs(lp[ids[j]], lp.shape[-1], smoothing_eps)
     return out
 
 
-def prompt_bits(model: nn.Module, text: str, tokenizer: TextTokens = TOKENIZER) -> int:
+def prompt_bits(
+    model: nn.Module, text: str, tokenizer: TextTokens = TOKENIZER, smoothing_eps: float = TC.RELEASED_ICL_EPS
+) -> int:
     """Arithmetic-code length of ``text`` under ``model`` in its own tokens: ``ceil(Σ_{j>=2} -log2 p)`` + the first
-    token's ``ceil(log2 V)``."""
+    token's ``ceil(log2 V)``, each distribution smoothed as the released coder does (``smoothing_eps``; 0 = none)."""
     if not text:
         return 0
-    return first_token_bits(tokenizer) + TC.prompt_payload_bits(token_logprobs(model, text, tokenizer))
+    lp = token_logprobs(model, text, tokenizer, smoothing_eps)
+    return first_token_bits(tokenizer) + TC.prompt_payload_bits(lp)
 
 
 def _greedy_windows(model: nn.Module, x: Tensor, max_new: int) -> Tensor:
@@ -512,7 +539,7 @@ def measure_frontier(
     for k in plan.icl_k:
         prompt = "".join(q + a for q, a in examples[:k])
         perf = exact_match(model, eval_pairs, prompt, plan.max_new_tokens, tokenizer)
-        add(_row("icl", f"k={k}", prompt_bits(model, prompt, tokenizer), perf))
+        add(_row("icl", f"k={k}", prompt_bits(model, prompt, tokenizer, plan.icl_smoothing_eps), perf))
     for n in plan.online_n:
         add(online_point(model, examples, n, eval_pairs, plan, tokenizer))
     if plan.lora_bits is not None and plan.lora_examples > 0:
@@ -644,7 +671,11 @@ class TaskComplexity(L.LightningModule):
     complexity`` reads it back); a Hugging Face checkpoint is left out of ``last.ckpt`` (public weights, or a seeded
     initialisation that is rebuilt). Logs ``tc/<strategy>[<knob>]/bits``
     and ``/perf`` per point, and ``tc/<summary>`` (``summarize``: ``log2_C_<δ·100>``, ``max_perf``, ...); writes
-    ``<run>/task_complexity.json`` and ``task_complexity_frontier.png``."""
+    ``<run>/task_complexity.json`` and ``task_complexity_frontier.png``.
+
+    ``count_script_bits``: the frontier (and ``/bits``, ``log2_C``) counts each point's payload plus the authors'
+    script size for its strategy (``RELEASED_SCRIPT_BITS``), as the paper's curves do; off (the default, the card's
+    metric): payload bits only, since a script term of ~3 kbit would swamp the toy's sub-kilobit payloads."""
 
     # a frontier point that is never reached is infinite or NaN on purpose (litlab.callbacks.divergence)
     nonfinite_metrics_allowed = ("tc/*",)
@@ -659,6 +690,7 @@ class TaskComplexity(L.LightningModule):
         revision: str | None = None,
         figures: bool = True,
         dtype: str = "float32",
+        count_script_bits: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -693,11 +725,14 @@ class TaskComplexity(L.LightningModule):
         self.rows = measure_frontier(
             self.model, batch["examples"], dm.eval_pairs(), plan, tokenizer=self.tokens
         )
+        counted = "bits_payload"
+        if self.hparams.count_script_bits:
+            self.rows, counted = with_released_script_bits(self.rows), "bits_total"
         for r in self.rows:
             key = f"tc/{r['strategy']}" + (f"[{r['knob']}]" if r["knob"] else "")
-            self.log(f"{key}/bits", float(r["bits_payload"]), on_step=True, on_epoch=False)
+            self.log(f"{key}/bits", float(r[counted]), on_step=True, on_epoch=False)
             self.log(f"{key}/perf", float(r["perf"]), on_step=True, on_epoch=False)
-        for k, v in summarize(self.rows, self.deltas).items():
+        for k, v in summarize(self.rows, self.deltas, bits=counted).items():
             self.log(f"tc/{k}", float(v), on_step=True, on_epoch=False, prog_bar=k == "max_perf")
         if self.trainer.is_global_zero:
             root = Path(self.trainer.default_root_dir)
@@ -709,6 +744,7 @@ class TaskComplexity(L.LightningModule):
                     "task": dm.task,
                     "rows": self.rows,
                     "deltas": list(self.deltas),
+                    "bits_counted": counted,
                 },
             )
             if self.hparams.figures:
