@@ -14,7 +14,8 @@ from pathlib import Path
 from litlab.cards import PROJECT_ROOT, Card
 from litlab.claims import ClaimResult, drift, judge_recorded, recorded_values
 from litlab.lit_modules.core.errors import CardError
-from litlab.verdicts import Verdict, verdict
+from litlab.verdicts import Verdict, authors_check_text, verdict
+from litlab.verdicts import authors_check as read_authors_check
 
 ARXIV_ID = re.compile(r"arXiv[: ]\s*(\d{4}\.\d{4,5})")
 
@@ -74,10 +75,13 @@ def arxiv_id(card: Card) -> str:
 
 
 def authors_check(slug: str) -> str:
-    """Whether golden numbers from the authors' code test the method: no card has such a check yet, so this is
-    "—" unless ``tests/fixtures/official/<slug>/`` exists."""
-    folder = PROJECT_ROOT / "tests" / "fixtures" / "official" / slug
-    return f"golden numbers ({folder.relative_to(PROJECT_ROOT)})" if folder.is_dir() else "—"
+    """Whether golden numbers from the authors' code test the method (``tests/fixtures/official/<slug>/SOURCE.json``,
+    ``litlab.verdicts.authors_check``): their repository and commit, the functions, the tolerance and what agrees;
+    else "no public code" or "not checked yet"."""
+    check = read_authors_check(slug)
+    if check is None:
+        return authors_check_text(slug)
+    return f"{authors_check_text(slug)} ({check.checked})"
 
 
 def plan_text(card: Card, scale: str) -> str:

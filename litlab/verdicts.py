@@ -6,6 +6,7 @@ Every row is judged afresh from the card's recorded per-seed numbers under its c
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,67 @@ def verdict(card: Card, results: list[ClaimResult] | None = None) -> Verdict:
     )
 
 
+# ---- checked against the authors' code (issue 30) -----------------------------------------------------------------
+# The cards whose paper has no public code to check against (searched for each paper, issue 30).
+NO_PUBLIC_CODE = frozenset(
+    {
+        "dare", "gap_init", "janus_lora", "litevsr", "lock_in", "lokra", "lordo", "scns", "sfda_regression",
+        "spr_raft", "u3cf",
+    }
+)  # fmt: skip
+OFFICIAL_FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "official"
+
+
+@dataclass(frozen=True)
+class AuthorsCheck:
+    """``tests/fixtures/official/<slug>/SOURCE.json``: where the golden numbers came from and what agrees."""
+
+    repo: str  # https://github.com/<owner>/<name>
+    commit: str
+    functions: tuple[str, ...]  # "<their file>:<their function>"
+    ours: tuple[str, ...]
+    tolerance: float
+    checked: str
+
+    @property
+    def name(self) -> str:
+        return self.repo.removeprefix("https://github.com/") + "@" + self.commit[:7]
+
+    @property
+    def function_names(self) -> str:
+        return ", ".join(dict.fromkeys(f.rsplit(":", 1)[-1] for f in self.functions))
+
+
+def authors_check(slug: str, root: Path = OFFICIAL_FIXTURES) -> AuthorsCheck | None:
+    """The card's golden-number fixture, None where ``<root>/<slug>/SOURCE.json`` does not exist."""
+    path = root / slug / "SOURCE.json"
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+        return AuthorsCheck(
+            repo=str(raw["repo"]),
+            commit=str(raw["commit"]),
+            functions=tuple(map(str, raw["functions"])),
+            ours=tuple(map(str, raw["ours"])),
+            tolerance=float(raw["tolerance"]),
+            checked=str(raw["checked"]),
+        )
+    except (ValueError, KeyError, TypeError) as err:
+        raise CardError(f"{path}: not a golden-number SOURCE.json ({type(err).__name__}: {err})") from err
+
+
+def authors_check_text(slug: str, markdown: bool = False, root: Path = OFFICIAL_FIXTURES) -> str:
+    """One cell: the official repository and commit, their functions and the tolerance; "no public code"; or
+    "not checked yet". ``markdown``: the repository as a link to the commit (the README)."""
+    check = authors_check(slug, root)
+    if check is None:
+        return "no public code" if slug in NO_PUBLIC_CODE else "not checked yet"
+    where = f"[{check.name}]({check.repo}/tree/{check.commit})" if markdown else check.name
+    tolerance = "exactly" if check.tolerance == 0 else f"to {check.tolerance:g}"
+    return f"{where}: {check.function_names}; {tolerance}"
+
+
 def card_paths(cards_dir: Path | None = None) -> list[Path]:
     """The cards of ``cards_dir``; by default the working directory's ``seeds/`` and then litlab's own, a
     user's card shadowing litlab's of the same name."""
@@ -107,6 +169,7 @@ COLUMNS = (
     "n",
     "wall time",
     "recorded",
+    "checked against the authors' code",
 )
 
 
@@ -127,7 +190,7 @@ def cards_markdown(cards_dir: Path | None = None) -> str:
         lines.append(
             f"| [`{slug}`](seeds/{slug}.yaml) {card.title.split(':')[0]}{amended} | {claims} | "
             f"{v.headline_text() or '—'} | **{v.status}** | {v.control_text()} | {v.mde_text()} | {v.n} | "
-            f"{wall_time(card.recorded)} | {card.recorded.get('date', '—')} |"
+            f"{wall_time(card.recorded)} | {card.recorded.get('date', '—')} | {authors_check_text(slug, markdown=True)} |"
         )
     return "\n".join(lines) + "\n"
 
