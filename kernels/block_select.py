@@ -20,15 +20,67 @@ from litlab.kernels import block_select_cpu
 from litlab.kernels.block_layout import reserved_blocks
 from litlab.kernels.dispatch import alloc, interpreting, lazy_jit, run_compiled_or_fallback, use_triton
 
+QUANT_MODES = (2, 3)
 
-def smooth_quantize(q, k, bits: int = 4):
-    """Quantisation stage: k' = k - mean_t k; per-token symmetric ``bits``-bit codes of q - mean(q) and k'.
+
+def _half_op(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One arithmetic result rounded as a ``dtype`` (fp16/bf16) kernel stores it: computed exactly in float64 and
+    rounded once (fp32 inputs stay fp32)."""
+    return x.double().to(dtype) if dtype in (torch.float16, torch.bfloat16) else x.float()
+
+
+def smooth_quantize_perwarp(q, k, bits: int = 4, block_k: int = 32):
+    """``quant_mode=3``, the official scripts' per-warp scheme (``int4_quant_sub_k_mean_perwarp_SmoothQ_fullsize``):
+    one scale for each pair of query rows (r, r+8) of every 16-row group (the two rows one MMA thread holds), and
+    one for the key rows r of each ``block_k`` chunk with the same (r mod 8) // 2 (the columns one thread holds),
+    so the selection can dequantise a thread's maximum once. Element-wise steps round to the input's dtype as the
+    Triton kernel does (fp16/bf16; fp32 inputs stay fp32); codes round half to even. Same outputs as
+    `smooth_quantize`, except c, which is here the kernel's ``qmk`` = q̄·k' / s_k (in units of the key scale,
+    rounded to fp16 like its store)."""
+    if block_k % 16:
+        raise ValueError(f"quant_mode=3 groups rows by 16: block_k={block_k} must be a multiple of 16")
+    levels = 2 ** (bits - 1) - 1
+    dt = q.dtype
+    B, H, N, d = q.shape
+    n_pad = math.ceil(N / block_k) * block_k - N  # a partial chunk is padded with the mean: 0 after smoothing
+    q_bar, k_bar = q.mean(2, keepdim=True), k.mean(2, keepdim=True)
+    q_t = _half_op(torch.cat([q, q_bar.expand(-1, -1, n_pad, -1)], 2).double() - q_bar.double(), dt)
+    k_s = _half_op(torch.cat([k, k_bar.expand(-1, -1, n_pad, -1)], 2).double() - k_bar.double(), dt)
+    groups_q = q_t.unflatten(2, (-1, 2, 8))  # [B, H, N/16, 2, 8, d]: rows r and r+8 share a scale
+    q_max = groups_q.abs().amax((3, 5), keepdim=True)
+    groups_k = k_s.unflatten(
+        2, (-1, block_k // 8, 4, 2)
+    )  # [B, Hk, N/bk, bk/8, 4, 2, d]: rows with one (r%8)//2
+    k_max = groups_k.abs().amax((3, 5, 6), keepdim=True)
+    q_scale, k_scale = _half_op(levels / q_max.double(), dt), _half_op(levels / k_max.double(), dt)
+    qi = torch.round(_half_op(groups_q.double() * q_scale.double(), dt).float()).to(torch.int8).flatten(2, 4)
+    ki = torch.round(_half_op(groups_k.double() * k_scale.double(), dt).float()).to(torch.int8).flatten(2, 5)
+    sq = _half_op(q_max.double() / levels, dt).expand(*groups_q.shape[:-1], 1).flatten(2, 5)
+    sk_scale = k_scale.expand(*groups_k.shape[:-1], 1).flatten(2, 6)
+    sk = _half_op(1.0 / sk_scale.double(), dt)
+    g = H // k.shape[1]
+    products = _half_op(q_bar.unsqueeze(3).double() * k_s.repeat_interleave(g, 1).unsqueeze(2).double(), dt)
+    c = (products.float().sum(-1).squeeze(2) * sk_scale.repeat_interleave(g, 1).float()).to(
+        torch.float16 if dt == torch.float32 else dt
+    )
+    return k_s[:, :, :N].to(k.dtype), qi[:, :, :N], ki[:, :, :N], sq[:, :, :N], sk[:, :, :N], c[:, :, :N]
+
+
+def smooth_quantize(q, k, bits: int = 4, quant_mode: int = 2, block_k: int = 32):
+    """Quantisation stage: k' = k - mean_t k; symmetric ``bits``-bit codes of q - mean(q) and k', per token
+    (``quant_mode=2``) or per warp (``quant_mode=3``, `smooth_quantize_perwarp`, which needs ``block_k``).
 
     Returns k_s [B,H_kv,N,d], qi [B,H,M,d] int8, ki [B,H_kv,N,d] int8, sq [B,H,M], sk [B,H_kv,N], c [B,H,N] fp32.
     ``bits=16`` emulates no rounding (qi/ki are then the unrounded float codes, fp32).
     """
     if bits not in (2, 3, 4, 5, 6, 7, 8, 16):
         raise ValueError(f"bits={bits} is not supported (2..8, or 16 = no rounding)")
+    if quant_mode not in QUANT_MODES:
+        raise ValueError(f"quant_mode={quant_mode} is not one of {QUANT_MODES} (2: per token, 3: per warp)")
+    if quant_mode == 3:
+        if bits > 8:
+            raise ValueError(f"quant_mode=3 rounds to codes: bits={bits} must be <= 8")
+        return smooth_quantize_perwarp(q, k, bits, block_k)
     qf, kf = q.float(), k.float()
     k_s = kf - kf.mean(2, keepdim=True)
     q_bar = qf.mean(2, keepdim=True)
@@ -59,10 +111,14 @@ def block_select_reference(
     seg_blocks=4,
     sm_scale=None,
     return_margin=False,
+    quant_mode=2,
 ):
     """PyTorch selection, vectorised over heads and key blocks, one loop step per query block; same inputs as the
     kernel. ``margin[b,h,qb,kb] = max(est - T)`` over the block's causal entries (raw-logit units, NaN where not
-    a middle block); a middle block is selected iff ``margin > 0``. Memory O(H * block_q * N) per step."""
+    a middle block); a middle block is selected iff ``margin > 0``. Memory O(H * block_q * N) per step.
+    ``quant_mode=3`` (codes from `smooth_quantize_perwarp`) estimates as the official kernel's per-warp branch:
+    s_q s_k (<Qi, Ki> + round(qmk / s_q)) with the q̄·k' term rounded to the integer grid, dequantised and
+    compared with T_i in fp16 (bf16 for bf16 inputs)."""
     B, H, N, d = q.shape
     g = H // k_s.shape[1]
     scale = sm_scale or d**-0.5
@@ -103,14 +159,30 @@ def block_select_reference(
         # est = [s_q Qi, 1] . [s_k Ki, c]: one matmul over augmented dequantised codes (equal to s_q s_k <Qi, Ki> + c
         # up to fp32 rounding, absorbed by the kernel tests' 1e-4 "don't care" margin); T_i is subtracted after
         # the max over each block's keys, so only one pass touches the full [rows, keys] tile
-        est = qa[:, :, r0:r1] @ ka[:, :, cols].transpose(-1, -2)
+        if quant_mode == 3:
+            est, thr_cmp = _perwarp_estimate(qi, ki, sq, sk, c, thr, g, r0, r1, cols, q.dtype)
+        else:
+            est, thr_cmp = qa[:, :, r0:r1] @ ka[:, :, cols].transpose(-1, -2), thr
         if cols.stop - 1 > r0:  # only configs whose middle region reaches the diagonal need the causal mask
             est = est.masked_fill(~causal[:, cols], float("-inf"))
         row_max = est.unflatten(-1, (len(middle), block_k)).amax(-1)  # [B, H, rows, n_middle]
-        mg = (row_max - thr[..., None]).amax(-2)  # [B, H, n_middle]
+        mg = (row_max - thr_cmp[..., None]).amax(-2)  # [B, H, n_middle]
         margin[:, :, qb, 1 : middle.stop] = mg
         mask[:, :, qb, 1 : middle.stop] = torch.where(dense_head, True, mg > 0).to(torch.uint8)
     return (mask, margin) if return_margin else mask
+
+
+def _perwarp_estimate(qi, ki, sq, sk, c, thr, g: int, r0: int, r1: int, cols: slice, dtype: torch.dtype):
+    """quant_mode 3 estimates of rows r0:r1 against keys ``cols`` and the thresholds they are compared with, both
+    rounded to the kernel's element type (fp16, or bf16 for bf16 inputs) as its per-warp branch does."""
+    elem = torch.bfloat16 if dtype == torch.bfloat16 else torch.float16
+    sq_rows, sk_cols = sq[:, :, r0:r1].to(elem), sk[:, :, cols].repeat_interleave(g, 1).to(elem)
+    dot = qi[:, :, r0:r1].float() @ ki[:, :, cols].repeat_interleave(g, 1).float().transpose(-1, -2)  # exact
+    sq_recip = (1.0 / sq_rows.float()).to(elem)
+    c_int = torch.round(_half_op(c[:, :, None, cols].double() * sq_recip[..., None].double(), elem).float())
+    scale = _half_op(sq_rows[..., None].double() * sk_cols[:, :, None, :].double(), elem)
+    est = _half_op((dot + c_int).to(elem).double() * scale.double(), elem).float()
+    return est, thr.to(elem).float()
 
 
 def _quant_block_select(
@@ -241,15 +313,22 @@ def quant_qk_block_select(
     seg_blocks=4,
     sm_scale=None,
     impl: str = "auto",
+    quant_mode: int = 2,
 ):
     """Block mask uint8 [B,H,ceil(N/block_q),ceil(N/block_k)] from `smooth_quantize` outputs (prefill: M = N).
 
     ``impl``: the rules of ``kernels.dispatch``, plus ``"int8"`` (``kernels.block_select_cpu``: exact int8 products
-    of the codes, CPU), which ``"auto"`` takes on CPU tensors from ``INT8_MIN_TOKENS`` tokens on."""
+    of the codes, CPU), which ``"auto"`` takes on CPU tensors from ``INT8_MIN_TOKENS`` tokens on. ``quant_mode=3``
+    (the official per-warp estimate) runs in the PyTorch reference whatever ``impl`` says: the Triton and int8
+    kernels implement the per-token ``quant_mode=2``."""
     B, H, N, d = q.shape
     if k_s.shape[2] != N:
         raise ValueError(f"selection is for prefill (M == N); got q {tuple(q.shape)}, k {tuple(k_s.shape)}")
     tau = torch.as_tensor(tau, dtype=torch.float32, device=q.device).expand(H).contiguous()
+    if quant_mode == 3:
+        return block_select_reference(
+            q, k_s, qi, ki, sq, sk, c, tau, block_q, block_k, local_blocks, seg_blocks, sm_scale, quant_mode=3
+        )
     if impl == "int8" or (
         impl == "auto"
         and not q.is_cuda

@@ -16,9 +16,9 @@ TAU, BOUND = 0.1, 0.5  # the card's sale_t01 and skips_blocks' target
 CARD_BLOCKS = sale.SALEConfig(16, 16, 32, 32, 4, "reference")  # configs/sale/quick.yaml's geometry
 
 
-def _codes_without_scales(q, k, bits: int = 4):
-    """The bug: the per-token dequantisation scales dropped, so the estimate is <Qi, Ki> + c in integer-code units."""
-    k_s, qi, ki, sq, sk, c = smooth_quantize(q, k, bits)
+def _codes_without_scales(q, k, bits: int = 4, quant_mode: int = 2, block_k: int = 32):
+    """The bug: the dequantisation scales dropped, so the estimate is <Qi, Ki> + c in integer-code units."""
+    k_s, qi, ki, sq, sk, c = smooth_quantize(q, k, bits, quant_mode, block_k)
     return k_s, qi, ki, torch.ones_like(sq), torch.ones_like(sk), c
 
 

@@ -29,10 +29,7 @@ from typing import Literal
 import torch
 
 from litlab.kernels.block_select import quant_qk_block_select, reserved_blocks, smooth_quantize
-from litlab.kernels.block_sparse_attention import (
-    block_sparse_attention,
-    dense_causal_attention,
-)
+from litlab.kernels.block_sparse_attention import block_sparse_attention, dense_causal_attention
 from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.core.results import CardResult, ReportExtras
 from litlab.lit_modules.longctx.contract import CalibrationData, LongContextData
@@ -79,7 +76,9 @@ class SALEConfig:
     ``block_k``; the last ``local_window`` tokens are always kept, the middle region is cut into whole segments of
     ``segment`` tokens; ``bits``-bit estimation; ``impl``: ``triton`` kernels, ``reference`` PyTorch, ``flex``
     (the computation pass on the compiled ``flex_attention``, selection as ``auto``), or ``auto`` (Triton on CUDA;
-    on the CPU from 1024 tokens the int8-product selection and the flex computation pass, the reference below)."""
+    on the CPU from 1024 tokens the int8-product selection and the flex computation pass, the reference below).
+    ``quant_mode``: 3 = every official script's (per-warp scales, q̄·k' rounded, fp16 comparison; PyTorch reference
+    selection), 2 = per token (our Triton/int8 kernels). The official int8 computation pass is not reproduced."""
 
     block_q: int = 64
     block_k: int = 32
@@ -87,6 +86,7 @@ class SALEConfig:
     segment: int = 128
     bits: int = 4
     impl: Literal["auto", "triton", "reference", "flex"] = "auto"
+    quant_mode: Literal[2, 3] = 3
 
     def __post_init__(self):
         if self.local_window % self.block_k or self.segment % self.block_k:
@@ -117,20 +117,24 @@ class Calibration:
     """Per-head threshold calibration (off when ``theta`` is None): starting from ``tau_init``, halve tau[l, h]
     until the L1 output error is below theta * d/128 * N on every calibration prompt (the d/128 scaling is our
     choice for small heads); below ``tau_floor`` the head is dense. Defaults are the official code's. The result
-    is saved to ``thresholds_path`` if given; with ``theta`` None, thresholds are loaded from it instead."""
+    is saved to ``thresholds_path`` if given; with ``theta`` None, thresholds are loaded from it instead.
+    ``dense_fallback``: prompts of <= ``min_seq_len`` tokens stay dense, as the official calibration's at 1024."""
 
     theta: float | None = None
     tau_init: float = 0.008
     tau_floor: float = 1e-4
     thresholds_path: str | None = None
+    dense_fallback: bool = True
 
 
 def sale_block_mask(q, k, tau, cfg: SALEConfig, sm_scale=None):
     """(mask uint8 [B,H,nQ,nK], k' = k - mean k): smoothing + quantisation, then block selection (kernel or
     reference)."""
-    quant = smooth_quantize(q, k, cfg.bits)
+    quant = smooth_quantize(q, k, cfg.bits, cfg.quant_mode, cfg.block_k)
     impl = "auto" if cfg.impl == "flex" else cfg.impl  # flex names the computation pass; selection as auto
-    mask = quant_qk_block_select(q, *quant, tau, sm_scale=sm_scale, impl=impl, **cfg.blocks())
+    mask = quant_qk_block_select(
+        q, *quant, tau, sm_scale=sm_scale, impl=impl, quant_mode=cfg.quant_mode, **cfg.blocks()
+    )
     return mask, quant[0]
 
 
@@ -308,17 +312,18 @@ def calibrate_thresholds(
     theta: float,
     tau_init: float = 0.008,
     tau_floor: float = 1e-4,
+    min_seq_len: int = 0,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Halve tau[l, h] until sum|O - O_dense| < theta * N on every prompt (0 = dense head below the floor).
-    Heads are independent, so all heads of a layer are tested at once. Returns (tau [N_L, H], tau after each
-    prompt)."""
+    Heads are independent: all heads of a layer are tested at once. Prompts of <= ``min_seq_len`` tokens run
+    dense (never halve). Returns (tau [N_L, H], tau after each prompt)."""
     tau = None
     history = []
     for ids in prompts:
         layers = capture_qkv(model, ids[None] if ids.dim() == 1 else ids)
         if tau is None:
             tau = torch.full((len(layers), layers[0][0].shape[1]), tau_init)
-        for li, (q, k, v, scaling) in enumerate(layers):
+        for li, (q, k, v, scaling) in enumerate(layers if layers[0][0].shape[2] > min_seq_len else []):
             ref = dense_causal_attention(q, k, v, scaling)
             N = q.shape[2]
             while True:
@@ -383,8 +388,9 @@ class SALEPrefillModule(LongContextEval):
             torch.cat([p["context_ids"], p["query_ids"]]).to(self.device)
             for p in self.trainer.datamodule.calib_prompts()
         ]
+        fallback = self.method.min_seq_len if cal.dense_fallback else 0
         tau, _ = calibrate_thresholds(
-            self.lm, prompts, self.cfg, cal.theta * d / 128, cal.tau_init, cal.tau_floor
+            self.lm, prompts, self.cfg, cal.theta * d / 128, cal.tau_init, cal.tau_floor, fallback
         )
         self.method.thresholds = tau
         self.calib_metrics = {
