@@ -104,3 +104,25 @@ class LogValueAtStep(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step >= self.step:
             pl_module.log(self.name, self.value)
+
+
+class KillWhileWriting(L.Callback):
+    """SIGKILLs the process in the middle of writing the checkpoint file ``name`` (e.g. ``last.ckpt``): half of it is
+    in the temp file beside it, as when a node dies during the write."""
+
+    def __init__(self, name: str = "last.ckpt"):
+        self.name = name
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        import litlab.checkpoint_io as checkpoint_io
+
+        real_save, name = checkpoint_io.torch.save, self.name
+
+        def save(obj, f, *args, **kwargs):
+            real_save(obj, f, *args, **kwargs)
+            if f".{name}." in Path(f).name:
+                data = Path(f).read_bytes()
+                Path(f).write_bytes(data[: len(data) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        checkpoint_io.torch.save = save  # this process dies in it: nothing to restore

@@ -225,3 +225,20 @@ def test_a_card_hook_outside_litlab_and_modules_in_the_working_directory_do_not_
     assert out.returncode == 2 and "--trust-hooks evil" in out.stderr, out.stderr[-3000:]
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not list(tmp_path.glob("ran-*")) and not (tmp_path / "out").exists()
+
+
+def test_repro_counts_a_diverged_run_as_failed_never_as_a_number(tmp_path, capsys):
+    from test_repro import TINY_CARD
+
+    from litlab.repro import main as repro_main
+
+    card = tmp_path / "tiny.yaml"
+    card.write_text(TINY_CARD)
+    out = tmp_path / "out"
+    args = [str(card), "--out", str(out), "--only", "plus", "--seeds", "0", "--", "--model.init_args.lr=1e30"]
+    assert repro_main(args) == 1
+    err = capsys.readouterr().err
+    assert "run plus seed 0 did not finish: diverged: loss at step 2; no result is recorded" in err, err[
+        -2000:
+    ]
+    assert not (out / "tiny" / "results.json").exists() and not (out / "tiny" / "report.md").exists()
