@@ -130,8 +130,8 @@ def probe_saliency(
 ) -> tuple[dict[str, float], dict]:
     """S_l = (1/T) Σ_t Σ |W_l ⊙ ∂L_w/∂W_l| with L_w = Σ_i w_i ℓ_i (stage 1). ``modules`` maps names to the
     wrapped linears (``AdapterLinear``: its base weight; ``nn.Linear``: its weight), plus the bias term with
-    ``settings.count_bias``. No parameter changes: the
-    model runs in eval mode, only the base weights take gradients, and every ``requires_grad`` flag is put back.
+    ``settings.count_bias``. No parameter changes: the model runs in eval mode, only the scored parameters take
+    gradients, and every ``requires_grad`` flag is put back.
     Returns the scores and the probe's statistics (steps, whether it converged, mean effective sample size)."""
     linears = {n: m.base if isinstance(m, AdapterLinear) else m for n, m in modules.items()}
     scored: dict[str, list[nn.Parameter]] = {
