@@ -60,14 +60,23 @@ class PreemptionCheckpoint(L.Callback):
 
     # ---- the checkpoint at the signal ------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.received_sigterm:
+        preempted = trainer.received_sigterm
+        if trainer.world_size > 1:  # every rank saves, or none: save_checkpoint waits for all of them
+            preempted = trainer.strategy.reduce_boolean_decision(preempted, all=False)
+        if preempted:
             self._save(trainer)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        # the signal came after this hook ran in the batch, or during validation: save where the loop stopped
-        if isinstance(exception, SIGTERMException) and self.saved_step != trainer.global_step:
+        # the signal came after this hook ran in the batch, or during validation: save where the loop stopped (one
+        # process only: with several ranks, the ranks may not all be here, and the save would wait for them forever)
+        if (
+            isinstance(exception, SIGTERMException)
+            and trainer.state.fn == "fit"
+            and trainer.world_size == 1
+            and self.saved_step != trainer.global_step
+        ):
             self._save(trainer)
 
     def _save(self, trainer: L.Trainer) -> None:

@@ -81,10 +81,11 @@ def torch_load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return SafeCheckpointIO().load_checkpoint(path, map_location=torch.device("cpu"))
 
 
-def newest_loadable_checkpoint(folder: str | os.PathLike) -> tuple[Path | None, list[str]]:
-    """The newest ``*.ckpt`` in ``folder`` (by modification time) that loads, and a line per newer one that did not:
+def newest_loadable_checkpoint(folders: list[Path]) -> tuple[Path | None, list[str]]:
+    """The newest ``*.ckpt`` in ``folders`` (by modification time) that loads, and a line per newer one that did not:
     a run killed while writing ``last.ckpt`` resumes from its newest complete checkpoint instead of starting over."""
-    candidates = sorted(Path(folder).glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    found = {path for folder in folders for path in Path(folder).glob("*.ckpt")}
+    candidates = sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
     skipped: list[str] = []
     for path in candidates:
         try:

@@ -155,14 +155,14 @@ class LitlabCLI(LightningCLI):
             self.run_lock = RunLock(self.run_dir).acquire()
             remove_stale_temp_files(self.run_dir)  # a killed writer's half files; we hold the lock
             if cfg.get("ckpt_path") == "last":
-                cfg["ckpt_path"] = self._resume_checkpoint()
+                cfg["ckpt_path"] = self._resume_checkpoint(_checkpoint_folders(cfg, self.run_dir))
 
-    def _resume_checkpoint(self) -> str:
+    def _resume_checkpoint(self, folders: list[Path]) -> str:
         """The newest checkpoint of the run that loads, checked before loggers make a new csv version and wandb run;
         ``CheckpointError`` when there are checkpoints and none loads (the run does not silently start over)."""
         assert self.run_dir is not None
-        folder = self.run_dir / "checkpoints"
-        path, skipped = newest_loadable_checkpoint(folder)
+        folder = folders[0] if len(folders) == 1 else self.run_dir
+        path, skipped = newest_loadable_checkpoint(folders)
         if path is None and skipped:
             err = CheckpointError(
                 f"no checkpoint in {folder} loads, so the run cannot resume: " + "; ".join(skipped)
@@ -351,6 +351,18 @@ def _secondary_rank() -> bool:
     return any(
         int(os.environ.get(k, "0") or 0) != 0 for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "NODE_RANK")
     )
+
+
+def _checkpoint_folders(cfg: Any, run_dir: Path) -> list[Path]:
+    """Where the run's checkpoints are: ``<run>/checkpoints`` and the ``dirpath`` of every ModelCheckpoint the config
+    names (Lightning's ``ckpt_path="last"`` looks in all of them too)."""
+    folders = [run_dir / "checkpoints"]
+    for entry in (cfg.get("trainer") or {}).get("callbacks") or []:
+        init_args = entry.get("init_args") if hasattr(entry, "get") else None
+        dirpath = init_args.get("dirpath") if init_args is not None and hasattr(init_args, "get") else None
+        if dirpath and "ModelCheckpoint" in str(entry.get("class_path", "")) and Path(dirpath) not in folders:
+            folders.append(Path(dirpath))
+    return folders
 
 
 def _has(callbacks: list[Any], kind: type) -> bool:
