@@ -52,6 +52,7 @@ from litlab.lit_modules.core.errors import (
     ConfigError,
     ResourceUnavailableError,
     RunFailed,
+    RunPreempted,
     RunStopped,
 )
 from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
@@ -806,7 +807,8 @@ def main(argv: list[str]) -> int:
         )
     except RunFailed as err:  # a diverged or failed run: the card gets no number for it, and no report
         print(f"litlab repro {card.slug}: {err}; no result is recorded", file=sys.stderr)
-        return 1
+        # preempted: 143 (SIGTERM) as for `litlab fit`, so a scheduler's wrapper requeues rather than gives up
+        return err.__cause__.exit_code if isinstance(err.__cause__, RunPreempted) else 1
     except (CardError, ResourceUnavailableError) as err:
         # a full-scale run on a machine without the model or data: say what is missing, no traceback
         print(f"litlab repro {card.slug} --scale {args.scale}: {err}", file=sys.stderr)
