@@ -62,8 +62,10 @@ class RunSummary(L.Callback):
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self._started))
         }
         attempts = [*previous.get("attempts", []), attempt]
-        if previous.get("status") == "finished" and status != "finished":
-            record = previous  # a failed attempt never overwrites a finished record
+        if previous.get("status") == "finished" and (status != "finished" or not metrics):
+            # a failed attempt never overwrites a finished record, nor does a relaunch with nothing left to train
+            # (resumed from the last checkpoint of a finished fit, it logs no metric)
+            record = previous
         try:
             atomic_write_json(path, {**record, "attempts": attempts})
         except OSError as err:  # a full or read-only disk: the status goes to stderr instead

@@ -77,7 +77,12 @@ def test_a_kill_while_last_ckpt_is_written_resumes_from_the_newest_complete_chec
     fit(tmp_path, "--trainer.max_steps=40", "--ckpt_path=last")
     err = capsys.readouterr().err
     assert "resuming from" in err and "epoch=2-step=30.ckpt" in err and "last.ckpt: checkpoint" in err, err
-    assert summary(run_dir)["global_step"] == 40
+    finished = summary(run_dir)
+    assert finished["global_step"] == 40
+    # relaunched once more, with nothing left to train: the finished record keeps its metrics
+    fit(tmp_path, "--trainer.max_steps=40", "--ckpt_path=last")
+    again = summary(run_dir)
+    assert again["metrics"] == finished["metrics"] and len(again["attempts"]) == len(finished["attempts"]) + 1
 
 
 def test_sigterm_saves_a_checkpoint_at_that_step_records_preempted_and_exits_143(tmp_path):
