@@ -40,6 +40,10 @@ class RunSummary(L.Callback):
     def _write(self, trainer: L.Trainer, stage: str, status: str) -> None:
         if trainer.global_rank != 0 or trainer.sanity_checking:
             return
+        nonfinite = first_nonfinite(trainer.callback_metrics, trainer.lightning_module)
+        # never "finished" with a NaN metric (validate/test: recorded so, though their exit code is 0)
+        if status == "finished" and nonfinite is not None:
+            status = f"diverged: {nonfinite} at step {trainer.global_step}"
         metrics = {}
         for k, v in trainer.callback_metrics.items():
             value = float(v.detach().float().mean()) if isinstance(v, torch.Tensor) else float(v)
