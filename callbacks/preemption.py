@@ -34,7 +34,9 @@ class PreemptionCheckpoint(L.Callback):
         self._previous_sigusr1: Any = None
 
     # ---- SIGUSR1: Lightning's SIGTERM path, unless SLURM's auto-requeue owns it ----------------------------------
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # not in on_fit_start: Lightning records the handlers it restores at the end of a fit after that hook, and
+        # would put this one back after teardown removed it
         self.saved_step = None
         environment = trainer._accelerator_connector.cluster_environment
         slurm_requeue = isinstance(environment, SLURMEnvironment) and environment.auto_requeue
@@ -83,7 +85,7 @@ class PreemptionCheckpoint(L.Callback):
         if self.saved_step == trainer.global_step:
             return
         path = self.last_checkpoint_path(trainer)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the full state: a resume continues it exactly
         self.saved_step = trainer.global_step
         if trainer.is_global_zero:
             print(

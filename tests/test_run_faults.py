@@ -5,6 +5,7 @@ Each on LoKRA's 64x64 matrix task (a fit of 20 steps takes about a second in-pro
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -121,10 +122,15 @@ def test_sigterm_saves_a_checkpoint_at_that_step_records_preempted_and_exits_143
 
 
 def test_sigusr1_outside_slurm_is_a_preemption_too(tmp_path):
+    before = signal.getsignal(signal.SIGUSR1)
+    # a fit leaves the process' SIGUSR1 handler as it found it
+    fit(tmp_path, "--trainer.max_steps=2", run_id="before")
+    assert signal.getsignal(signal.SIGUSR1) == before
     with pytest.raises(RunPreempted, match="SIGUSR1 at step 4") as stopped:
         fit(tmp_path, "--trainer.max_steps=20", callback("SignalAtStep", step=3, signal_name="SIGUSR1"))
     assert stopped.value.exit_code == 138
     assert summary(tmp_path / "lokra" / "R")["status"] == "preempted: SIGUSR1 at step 4"
+    assert signal.getsignal(signal.SIGUSR1) == before
 
 
 def test_a_nan_loss_stops_the_fit_as_diverged_before_it_is_checkpointed(tmp_path):
