@@ -41,7 +41,7 @@ class RunSummary(L.Callback):
         if trainer.global_rank != 0 or trainer.sanity_checking:
             return
         nonfinite = first_nonfinite(trainer.callback_metrics, trainer.lightning_module)
-        # never "finished" with a NaN metric (validate/test: recorded so, though their exit code is 0)
+        # never "finished" with a NaN metric
         if status == "finished" and nonfinite is not None:
             status = f"diverged: {nonfinite} at step {trainer.global_step}"
         metrics = {}
@@ -82,6 +82,19 @@ class RunSummary(L.Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._started = time.time()
+        self.trained = False  # whether this attempt entered the training loop (see ``resumed_at_the_end``)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.trained = True
+
+    def resumed_at_the_end(self, trainer: L.Trainer) -> bool:
+        """A relaunch that resumed from the last checkpoint of a completed fit (the previous attempt was killed
+        between that checkpoint and its summary): Lightning skips the loop, so nothing is logged."""
+        return not getattr(self, "trained", True) and not trainer.callback_metrics
+
+    def record_fit(self, trainer: L.Trainer) -> None:
+        """Write the fit's summary again from the metrics a validation pass just logged (``LitlabCLI.after_fit``)."""
+        self._write(trainer, "fit", "finished")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         # the logs up to a checkpoint reach the disk with it: a run killed after the checkpoint keeps them
@@ -101,10 +114,19 @@ class RunSummary(L.Callback):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.state.fn == "validate":
-            self._write(trainer, "validate", "finished")
+            self._end_of_evaluation(trainer, "validate")
 
     def on_test_end(self, trainer, pl_module) -> None:
-        self._write(trainer, "test", "finished")
+        self._end_of_evaluation(trainer, "test")
+
+    def _end_of_evaluation(self, trainer: L.Trainer, stage: str) -> None:
+        nonfinite = first_nonfinite(trainer.callback_metrics, trainer.lightning_module)
+        if nonfinite is not None:  # recorded by on_exception, with the diverged exit code
+            raise RunDiverged(
+                f"diverged: {nonfinite} is {trainer.callback_metrics[nonfinite]} in {stage}",
+                status=f"diverged: {nonfinite} at step {trainer.global_step}",
+            )
+        self._write(trainer, stage, "finished")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         stage = trainer.state.fn.value if trainer.state.fn else "fit"  # str(enum) differs across Pythons

@@ -211,6 +211,26 @@ class LitlabCLI(LightningCLI):
         finally:
             self.release_run_lock()  # the kernel also drops it when the process dies, SIGKILL included
 
+    def after_fit(self) -> None:
+        """A relaunch that resumed from the last checkpoint of a completed fit (the attempt before it was killed
+        between that checkpoint and its summary) trains and logs nothing: one validation pass on the restored
+        weights gives its summary the metrics the killed attempt did not record."""
+        from lightning.pytorch.utilities.model_helpers import is_overridden
+
+        trainer: Any = self.trainer
+        summary = next((c for c in trainer.callbacks if isinstance(c, RunSummary)), None)
+        if summary is None or not summary.resumed_at_the_end(trainer):
+            return
+        if self.run_dir is not None and _read_json(self.run_dir / "summary.json").get("metrics"):
+            return  # a finished record from before keeps its metrics (a relaunch of a finished run)
+        if is_overridden("validation_step", self.model) and self.trainer.limit_val_batches != 0:
+            print(
+                "litlab: resumed at the end of training; validating to record the run's metrics",
+                file=sys.stderr,
+            )
+            trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
+            summary.record_fit(trainer)
+
     def _preempted(self) -> RunPreempted:
         import signal
 
@@ -370,8 +390,12 @@ def _has(callbacks: list[Any], kind: type) -> bool:
 
 
 def _finished(run_dir: Path) -> bool:
-    summary = run_dir / "summary.json"
+    return _read_json(run_dir / "summary.json").get("status") == "finished"
+
+
+def _read_json(path: Path) -> dict:
     try:
-        return json.loads(summary.read_text()).get("status") == "finished"
+        data = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
-        return False
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -805,8 +805,14 @@ def main(argv: list[str]) -> int:
             jobs=args.jobs,
             trusted_hooks=args.trust_hooks,
         )
-    except RunFailed as err:  # a diverged or failed run: the card gets no number for it, and no report
+    except RunFailed as err:  # a diverged or failed run: the card gets no number for it, and says so
         print(f"litlab repro {card.slug}: {err}; no result is recorded", file=sys.stderr)
+        atomic_write_text(
+            args.out / card.slug / "report.md",
+            f"# {card.title} — reproduction ({args.scale}): no result\n\n{err}.\n\nA diverged, preempted or "
+            "failed run is never recorded as a number: nothing was judged and the card's recorded block is "
+            "unchanged. Its status and attempts are in the run folder's summary.json.\n",
+        )
         # preempted: 143 (SIGTERM) as for `litlab fit`, so a scheduler's wrapper requeues rather than gives up
         return err.__cause__.exit_code if isinstance(err.__cause__, RunPreempted) else 1
     except (CardError, ResourceUnavailableError) as err:

@@ -106,6 +106,18 @@ class LogValueAtStep(L.Callback):
             pl_module.log(self.name, self.value)
 
 
+class LogValueInValidation(L.Callback):
+    """Logs ``name`` = ``float(value)`` from every validation batch."""
+
+    def __init__(self, name: str, value: str):
+        self.name, self.value = name, float(value)
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ) -> None:
+        pl_module.log(self.name, self.value)
+
+
 class KillWhileWriting(L.Callback):
     """SIGKILLs the process in the middle of writing the checkpoint file ``name`` (e.g. ``last.ckpt``): half of it is
     in the temp file beside it, as when a node dies during the write."""

@@ -154,6 +154,31 @@ def test_a_nan_metric_is_diverged_and_never_finished_even_with_the_check_off(tmp
     assert record["status"] == "diverged: probe/ratio at step 20" and record["global_step"] == 20
 
 
+def test_a_relaunch_after_a_kill_between_the_final_checkpoint_and_the_summary_records_the_metrics(
+    tmp_path, capsys
+):
+    """Killed after the last checkpoint of a completed fit but before its summary: the relaunch resumes at the end
+    (Lightning trains and logs nothing), validates the restored weights and records their metrics as finished."""
+    run_dir = fit(tmp_path, "--trainer.max_steps=20").run_dir
+    finished = summary(run_dir)
+    (run_dir / "summary.json").unlink()  # what the kill leaves: the checkpoint, no summary
+    capsys.readouterr()
+    fit(tmp_path, "--trainer.max_steps=20", "--ckpt_path=last")
+    assert "validating to record the run's metrics" in capsys.readouterr().err
+    relaunched = summary(run_dir)
+    assert relaunched["status"] == "finished" and relaunched["global_step"] == 20
+    val = {k: v for k, v in finished["metrics"].items() if k.startswith("val/")}
+    assert val and all(relaunched["metrics"][k] == pytest.approx(v, abs=1e-6) for k, v in val.items())
+
+
+def test_a_nan_metric_in_validate_is_diverged_with_its_exit_code(tmp_path):
+    nan_metric = callback("LogValueInValidation", name="probe/ratio", value="nan")
+    code = litlab_main(["validate", *ARGS[1:], f"--runs_dir={tmp_path}", "--run_id=V", nan_metric])
+    assert code == 4
+    record = json.loads((tmp_path / "lokra" / "V" / "summary-validate.json").read_text())
+    assert record["status"] == "diverged: probe/ratio at step 0"
+
+
 def test_a_full_disk_as_torch_reports_it_keeps_the_previous_checkpoint_and_exits_74(
     tmp_path, monkeypatch, capsys
 ):
@@ -252,4 +277,6 @@ def test_repro_counts_a_diverged_run_as_failed_never_as_a_number(tmp_path, capsy
     assert "run plus seed 0 did not finish: diverged: loss at step 2; no result is recorded" in err, err[
         -2000:
     ]
-    assert not (out / "tiny" / "results.json").exists() and not (out / "tiny" / "report.md").exists()
+    assert not (out / "tiny" / "results.json").exists()  # no number
+    report = (out / "tiny" / "report.md").read_text()  # and the report says why
+    assert "no result" in report and "did not finish: diverged: loss at step 2" in report
