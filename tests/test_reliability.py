@@ -71,21 +71,26 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     assert len(list(run_dir.glob("csv/version_*/metrics.csv"))) == 2  # the first attempt's log was kept
 
 
-def test_truncated_checkpoint_gives_a_clear_error(tmp_path):
+def test_truncated_checkpoint_gives_a_clear_error(tmp_path, capsys):
     cli = LitlabCLI(args=[*ARGS, "--trainer.max_steps=50", f"--runs_dir={tmp_path}"])
     last = cli.run_dir / "checkpoints" / "last.ckpt"
     assert SafeCheckpointIO().load_checkpoint(last)["global_step"] == 50  # loads with weights_only=True
     data = last.read_bytes()
     last.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="truncated or corrupt"):
-        LitlabCLI(
-            args=[
-                *ARGS,
-                "--trainer.max_steps=200",
-                f"--runs_dir={tmp_path}",
-                "--run_id=" + cli.run_dir.name,
-                "--ckpt_path=last",
-            ]
-        )
+    # named by path: refused, naming the file and the cause
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         LitlabCLI(args=[*ARGS, f"--runs_dir={tmp_path}", f"--ckpt_path={last}"])
+    # --ckpt_path last: the newest checkpoint that loads, saying why it is not last.ckpt (issue 31)
+    capsys.readouterr()
+    resumed = LitlabCLI(
+        args=[
+            *ARGS,
+            "--trainer.max_steps=60",
+            f"--runs_dir={tmp_path}",
+            "--run_id=" + cli.run_dir.name,
+            "--ckpt_path=last",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert "resuming from" in err and "epoch=0-step=50.ckpt" in err and "truncated or corrupt" in err, err
+    assert json.loads((resumed.run_dir / "summary.json").read_text())["global_step"] == 60
