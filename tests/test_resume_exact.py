@@ -132,6 +132,13 @@ SHORT = {
         ],
         "mid": "one (no-op) training batch per epoch: there is no mid-epoch point",
     },
+    "scns": {
+        **DEFAULT,
+        "mid": "a checkpoint inside a concept's task is refused on load by design (the row branches, token hook and "
+        "task optimizer live in the process; tests/test_scns.py::"
+        "test_a_checkpoint_inside_a_task_is_refused_on_load_naming_the_way_out): the stream resumes from task "
+        "boundaries, the epoch case",
+    },
     "task_complexity": {  # a measurement: one training batch (the task's ordered examples) per epoch
         "args": [
             "--trainer.max_epochs=2",

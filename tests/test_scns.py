@@ -344,6 +344,42 @@ def test_toy_stream_sparsity_freezing_fusion_free(monkeypatch, tmp_path, quiet_t
     assert streams <= set(seed_ledger()["components"])
 
 
+def test_a_checkpoint_inside_a_task_is_refused_on_load_naming_the_way_out(
+    tmp_path, monkeypatch, quiet_trainer
+):
+    """Inside a task the row branches, the token hook and the task's optimizer live only in the process: a
+    mid-task checkpoint (mid-epoch, or written at a preemption) cannot resume exactly, so loading it says so."""
+    import lightning as L
+
+    from litlab.datamodules.continual_concepts import ContinualConceptDataModule
+    from litlab.lit_modules.core.errors import CheckpointError
+    from litlab.lit_modules.diffusion.ddpm import TinyT2IConfig
+    from litlab.lit_modules.diffusion.scns import SCNS, SelectionConfig
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path / "cache"))
+    L.seed_everything(0)
+
+    def build() -> SCNS:
+        return SCNS(
+            base=TinyT2IConfig(pretrain_steps=3, pretrain_batch=4),
+            select=SelectionConfig(num_probes=4, fisher_samples=4),
+        )
+
+    model = build()
+    dm = ContinualConceptDataModule(num_concepts=2, steps_per_task=3, batch_size=4, heldout_per_concept=2)
+    quiet_trainer(max_steps=1, default_root_dir=str(tmp_path)).fit(
+        model, datamodule=dm
+    )  # 1 of task 0's 3 steps
+    mid_task: dict = {"global_step": 1}
+    model.on_save_checkpoint(mid_task)
+    with pytest.raises(CheckpointError, match="middle of a concept's task.*epoch-end checkpoint"):
+        build().on_load_checkpoint(mid_task)
+    boundary: dict = {}
+    model.merge_rows(0, dm)  # the task's end: no branch left
+    model.on_save_checkpoint(boundary)
+    build().on_load_checkpoint(boundary)  # a task boundary loads
+
+
 # ---- one run seed: the data's streams, by name -------------------------------------------------------
 def test_data_streams_follow_the_run_seed(monkeypatch):
     """The renders, held-out noise, base-preservation set, calibration prompts and batch order are the run

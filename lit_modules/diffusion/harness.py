@@ -64,6 +64,7 @@ import torch
 from torch import Tensor
 
 from litlab.lit_modules.core.config import as_config, config_part
+from litlab.lit_modules.core.errors import CheckpointError
 from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.diffusion.contract import ConceptStreamData, check_data
 from litlab.lit_modules.diffusion.ddpm import (
@@ -427,7 +428,17 @@ class ContinualNeuronTuning(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["neuron_stream"] = self.stream_state()
+        # inside a task, S_t's row branches, the token row's hook and the task's optimizer exist only in this
+        # process: the stream resumes from a task boundary (an epoch-end checkpoint), never from here
+        checkpoint["neuron_stream_in_task"] = bool(self._adapted)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if checkpoint.get("neuron_stream_in_task"):
+            raise CheckpointError(
+                f"this checkpoint (step {checkpoint.get('global_step')}) was written in the middle of a concept's "
+                "task, while its selected rows were being tuned (a mid-epoch or preemption checkpoint); the "
+                "concept stream resumes only from a task boundary: pass --ckpt_path <an epoch-end checkpoint of "
+                "the run folder>, or start the run again"
+            )
         if "neuron_stream" in checkpoint:
             self.load_stream_state(checkpoint["neuron_stream"])
