@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_run_safety import ARGS, fit
 
 import litlab.checkpoint_io as checkpoint_io
 from litlab.__main__ import main as litlab_main
 from litlab.callbacks import run_summary
-from litlab.cli import LitlabCLI
 from litlab.lit_modules.core.errors import (
     CheckpointWriteError,
     RunDiverged,
@@ -24,18 +24,6 @@ from litlab.lit_modules.core.errors import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-ARGS = [
-    "fit",
-    f"--config={ROOT / 'configs/lokra/matrix.yaml'}",
-    "--model.init_args.mode=lokra",
-    "--data.init_args.steps_per_epoch=10",
-    "--trainer.enable_progress_bar=false",
-    "--trainer.enable_model_summary=false",
-]
-
-
-def fit(tmp_path, *extra, run_id="R") -> LitlabCLI:
-    return LitlabCLI(args=[*ARGS, f"--runs_dir={tmp_path}", f"--run_id={run_id}", *extra])
 
 
 def callback(class_name: str, **init_args) -> str:

@@ -115,10 +115,11 @@ def test_penalty_gradient_is_the_formula():
 
 
 class _Tiny(L.LightningModule):
-    """A plain LightningModule: two linear layers, plain SGD, no clipping."""
+    """A plain LightningModule: two linear layers, plain SGD, no clipping (also test_salaad_schedule's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lr: float = 0.1) -> None:
         super().__init__()
+        self.lr = lr
         torch.manual_seed(0)
         self.up_proj, self.down_proj = nn.Linear(6, 8, bias=False), nn.Linear(8, 6, bias=False)
 
@@ -127,7 +128,7 @@ class _Tiny(L.LightningModule):
         return self.down_proj(torch.tanh(self.up_proj(x))).square().mean()
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
 def _one_sgd_step(quiet_trainer, mode: str) -> dict[str, torch.Tensor]:

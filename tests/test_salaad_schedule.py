@@ -5,29 +5,14 @@ iteration after every F-th optimiser step whatever the gradient accumulation, th
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
-from torch import nn
+from test_salaad import _Tiny
 
 from litlab.lit_modules.structured.salaad import SALAAD, SALAADSchedule
 from litlab.lit_modules.structured.sparse_lowrank import ADMMConfig, BlockADMM, controller_update, svt
 
 STEPS, F = 8, 2
-
-
-class _Tiny(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.up_proj, self.down_proj = nn.Linear(6, 8, bias=False), nn.Linear(8, 6, bias=False)
-
-    def training_step(self, batch, batch_idx):
-        (x,) = batch
-        return self.down_proj(torch.tanh(self.up_proj(x))).square().mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
 class _CountingSALAAD(SALAAD):
@@ -56,7 +41,7 @@ def test_one_admm_refresh_per_fth_step_whatever_the_accumulation(quiet_trainer, 
     schedule = SALAADSchedule(blocks=r"_proj$", num_freq=F, gradient_mode=gradient_mode, log_blocks=False)
     cb = _CountingSALAAD(ADMMConfig(rate_rank=0.5, rho=0.1), schedule)
     trainer = quiet_trainer(max_steps=STEPS, accumulate_grad_batches=accumulation, callbacks=[cb])
-    trainer.fit(_Tiny(), data)
+    trainer.fit(_Tiny(lr=0.05), data)
     assert trainer.global_step == STEPS
     assert cb.refresh_steps == [2, 4, 6, 8]
     assert all(b.count == STEPS // F for b in cb.state.values())
