@@ -84,8 +84,12 @@ def project_path(relative: str | Path) -> Path:
     return local if local.exists() else PROJECT_ROOT / relative
 
 
-Scale = Literal["quick", "full"]
-SCALES: tuple[str, ...] = ("quick", "full")
+Scale = Literal["quick", "medium", "full"]
+SCALES: tuple[str, ...] = ("quick", "medium", "full")
+# a run (or a claim) is at quick and full unless it names its scales: ``medium`` (<= 30 min on 2 cores, real
+# pretrained models from the package index or cached artefacts) is opt-in, for the cards whose quick scale cannot
+# see the paper's effect
+DEFAULT_SCALES: tuple[str, ...] = ("quick", "full")
 CLAIM_KINDS = ("better", "parity", "mechanism")
 COMPARATIVE = ("better", "parity")
 MECHANISM_OPS = ("<", "<=", ">", ">=", "==")
@@ -125,7 +129,7 @@ class RunSpec:
     # the task a run measures, where a card holds several (a target, a domain pair, a budget): a run stands in
     # for a method in the falsifiability check only within the method's setting
     setting: str = ""
-    scales: tuple[str, ...] = SCALES
+    scales: tuple[str, ...] = DEFAULT_SCALES
     description: str = ""
     optional: bool = False  # a long run (e.g. a real model on CPU): only with --all or when named by --only
 
@@ -163,7 +167,7 @@ class Claim:
     op: str = ""  # mechanism: < <= > >= ==
     target: float = 0.0  # mechanism
     fails_if: str = ""  # mechanism: the plausible wrong implementation that fails it
-    scales: tuple[str, ...] = SCALES
+    scales: tuple[str, ...] = DEFAULT_SCALES
     requires: str = ""  # "cuda": listed but unrun without a GPU; other text: what a scale without it lacks
     note: str = ""
     # better / parity: the compared sides may read different scalars of one kind (say two orderings' AUCs that
@@ -356,7 +360,7 @@ def _parse_run(where: str, name: Any, spec: Any) -> RunSpec:
         raise CardError(f"{where}: runs.{name} has unknown keys {sorted(bad)}; allowed: {sorted(_RUN_KEYS)}")
     if spec.get("role") not in ROLES:
         raise CardError(f"{where}: runs.{name}.role must be one of {ROLES}, got {spec.get('role')!r}")
-    scales = tuple(spec.get("scales", SCALES))
+    scales = tuple(spec.get("scales", DEFAULT_SCALES))
     if set(scales) - set(SCALES):
         raise CardError(f"{where}: runs.{name}.scales must be among {SCALES}, got {scales}")
     return RunSpec(
@@ -449,7 +453,7 @@ def _parse_claim(where: str, i: int, raw: Any, runs: dict[str, RunSpec], card_me
     for flag in ("headline", "control", "same_units"):
         if not isinstance(raw.get(flag, False), bool):
             raise CardError(f"{at}: {flag} must be true or false, got {raw[flag]!r}")
-    scales = tuple(raw.get("scales", SCALES))
+    scales = tuple(raw.get("scales", DEFAULT_SCALES))
     if set(scales) - set(SCALES):
         raise CardError(f"{at}: scales must be among {SCALES}, got {scales}")
     claim_metric = str(raw.get("metric") or "")
@@ -554,8 +558,12 @@ def _parse_claim(where: str, i: int, raw: Any, runs: dict[str, RunSpec], card_me
         missing = set(scales) - set(runs[run].scales)
         if missing and "scales" in raw:
             raise CardError(f"{at}: run {run!r} does not exist at scale(s) {sorted(missing)}")
-    if "scales" not in raw:  # default: every scale where all its runs exist
-        scales = tuple(s for s in SCALES if all(s in runs[r].scales for r in claim.runs()))
+    if "scales" not in raw:  # default: every scale where all its runs exist (a claim on no run: the defaults)
+        scales = tuple(
+            s
+            for s in (SCALES if claim.runs() else DEFAULT_SCALES)
+            if all(s in runs[r].scales for r in claim.runs())
+        )
         claim = dataclasses.replace(claim, scales=scales)
     return claim
 

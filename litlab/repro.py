@@ -32,7 +32,7 @@ import yaml
 
 from litlab.__main__ import prepare_process
 from litlab.card_report import plot, print_table, render_markdown
-from litlab.cards import Card, check_seed_ledgers, claims_sha256, load_card, project_path
+from litlab.cards import SCALES, Card, check_seed_ledgers, claims_sha256, load_card, project_path
 from litlab.claims import (
     ClaimResult,
     card_verdict,
@@ -715,7 +715,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("slug", nargs="?", help="card name (seeds/<slug>.yaml) or a path to a card file")
     parser.add_argument("--list", action="store_true", help="list cards and their recorded status")
     parser.add_argument("--markdown", action="store_true", help="with --list: the README's methods table")
-    parser.add_argument("--scale", choices=["quick", "full"], default="quick")
+    parser.add_argument(
+        "--scale",
+        choices=list(SCALES),
+        default="quick",
+        help="quick (default), medium (where the card has one: real pretrained models, <= 30 min) or full",
+    )
     parser.add_argument(
         "--seeds",
         type=seed_list,
@@ -787,6 +792,11 @@ def main(argv: list[str]) -> int:
             card = load_card(card_path)
         if args.null or args.rejudge:
             return print_null(card)
+        if not card.runs_for(args.scale):
+            raise CardError(
+                f"{card_path}: the card has no runs at scale {args.scale!r} (a run names its scales, e.g. "
+                f"'scales: [medium]'; its scales: {sorted({s for r in card.runs.values() for s in r.scales})})"
+            )
         if args.plan:
             return print_plan(card, args.scale, args.seeds, args.only, args.all)
         check_report_hook(card, args.trust_hooks)  # before the runs, not after an hour of them

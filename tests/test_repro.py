@@ -719,3 +719,34 @@ def test_plan_lists_the_fits_without_running(tmp_path, capsys):
     assert "3 runs x 2 seeds [0, 1] = 6 fits" in out and "plus" in out and "method" in out
     assert "--model.init_args.mode=lokra_plus" in out and not (tmp_path / "runs").exists()
     assert repro_main([str(path), "--plan", "--only", "nope"]) == 2
+
+
+def test_medium_scale_is_opt_in_per_run_and_refused_where_a_card_has_none(tmp_path, capsys):
+    """``medium`` (real pretrained models, <= 30 min) exists only where a card's runs name it: the card's claims
+    follow their runs there, its hash is unchanged for cards without it, and ``--scale medium`` on a card with no
+    medium run stops naming the scale instead of running nothing."""
+    plain = write_card(tmp_path)
+    assert load_card(plain).runs_for("medium") == {}
+    assert repro_main([str(plain), "--scale", "medium", "--plan"]) == 2
+    assert "no runs at scale 'medium'" in capsys.readouterr().err
+    text = TINY_CARD.replace(
+        "  quick: {seeds: [0, 1, 2]}", "  quick: {seeds: [0, 1, 2]}\n  medium: {seeds: [0, 1, 2, 3, 4]}"
+    )
+    for run in ("zero", "lora", "plus"):
+        text = text.replace(f"  {run}:\n    role:", f"  {run}:\n    scales: [quick, medium]\n    role:")
+    card = load_card(write_card(tmp_path, text, name="medium.yaml"))
+    assert set(card.runs_for("medium")) == {"zero", "lora", "plus"} and card.seeds["medium"] == (
+        0,
+        1,
+        2,
+        3,
+        4,
+    )
+    assert {c.id for c in card.claims_for("medium")} == {
+        "plus_beats_lora",
+        "lora_beats_zero",
+        "plus_is_full_rank",
+    }
+    assert card.runs_for("full") == {}
+    assert repro_main([str(tmp_path / "medium.yaml"), "--scale", "medium", "--plan"]) == 0
+    assert "at scale medium: 3 runs x 5 seeds" in capsys.readouterr().out
