@@ -50,6 +50,9 @@ def usage() -> str:
             "litlab's tools:",
             *tools,
             "",
+            "--stand-in after --config configs/<slug>/full.yaml: that full config on the CPU, offline, on a tiny",
+            "random model of its classes and a few records of its data (litlab.standin).",
+            "",
             "A user error (bad file, missing model or data, busy run folder) is one line and exit code 2;",
             "--debug or LITLAB_DEBUG=1 shows the traceback.",
         ]
@@ -83,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         if argv[0] in TOOLS:
             return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
         from litlab.cli import LitlabCLI  # imports every method module: only for LightningCLI's subcommands
+        from litlab.standin import expand_stand_in_flag
 
+        argv = expand_stand_in_flag(argv)  # --stand-in: the card's tiny models and data (litlab.standin)
+        if from_shell:
+            sys.argv[1:] = argv
         LitlabCLI(args=None if from_shell else argv)
         return 0
     except RunStopped as err:  # diverged, preempted, a failed write: its own exit code (README, run section)

@@ -9,16 +9,33 @@ full config means; a stand-in's numbers are not the card's, so ``litlab repro --
 
 Every stand-in function has the signature ``stand_in_<slug>(workdir: Path) -> list[str]``, works offline and
 deterministically (it seeds its own torch generator), and takes a few seconds.
+
+Where the files go: ``litlab fit --stand-in`` writes them to ``<runs_dir>/<experiment>/stand_in/``, once, and the
+runs of that experiment share them. Not inside the run folder: its name hashes the resolved config, which holds the
+stand-in's paths, so the paths must be known before the run folder is; a relaunch (``--ckpt_path last``) then gets
+the same paths, the same config hash and so the same run folder. ``stand_in.json`` there records the arguments and
+the hash of the stand-in's source; a folder written by another version of it is written again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import inspect
+import json
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
 from litlab.lit_modules.core.errors import ConfigError
+from litlab.lit_modules.core.io import atomic_write_json, one_builder
+from litlab.runs import check_run_name
+
+# the flag of `litlab fit|validate|test|predict` (the underscore spelling as litlab's other run flags have it)
+STAND_IN_FLAGS = ("--stand-in", "--stand_in")
+RECORD_FILE = "stand_in.json"
 
 # slug -> "module:function", imported on use (so a family's heavy imports are paid only by its own cards)
 STAND_INS: dict[str, str] = {
@@ -82,3 +99,55 @@ def stand_in_args(slug: str, workdir: Path) -> list[str]:
             f"the stand-in of card {slug!r} ({STAND_INS[slug]}) returned {args!r}, not a list of str"
         )
     return args
+
+
+def prepared_stand_in(slug: str, workdir: Path) -> list[str]:
+    """:func:`stand_in_args` once per ``workdir``: a folder already written by this version of the stand-in (its
+    ``stand_in.json``) is reused with its arguments; two processes that need it at once (``--jobs``, two fits)
+    write it once. The Hugging Face hub is put offline first: a stand-in never downloads."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    function = stand_in_function(slug)
+    source = hashlib.sha256(inspect.getsource(inspect.getmodule(function) or function).encode()).hexdigest()
+    record = {"slug": slug, "target": STAND_INS[slug], "source_sha256": source}
+    workdir = Path(workdir).resolve()
+    with one_builder(workdir):
+        try:
+            written = json.loads((workdir / RECORD_FILE).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            written = {}
+        if written and all(written.get(k) == v for k, v in record.items()):
+            return list(written["args"])
+        if workdir.exists():
+            shutil.rmtree(workdir)  # a half-written folder or another version's files
+        args = stand_in_args(slug, workdir)
+        atomic_write_json(workdir / RECORD_FILE, {**record, "args": args})  # last: the folder is complete
+        return args
+
+
+def _option(argv: list[str], names: tuple[str, ...]) -> str | None:
+    """The first value of an option given as ``--name value`` or ``--name=value``."""
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def expand_stand_in_flag(argv: list[str]) -> list[str]:
+    """``litlab fit --config configs/<slug>/full.yaml --stand-in [overrides]``: the card is the config's folder;
+    ``--stand-in`` is replaced, where it stands, by the card's stand-in arguments, so overrides after it win.
+    Arguments without the flag come back unchanged."""
+    at = [i for i, arg in enumerate(argv) if arg in STAND_IN_FLAGS]
+    if not at:
+        return list(argv)
+    config = _option(argv, ("--config", "-c"))
+    if config is None:
+        raise ConfigError("--stand-in needs the card's full config: --config configs/<slug>/full.yaml")
+    slug = Path(config).resolve().parent.name
+    experiment = check_run_name("--experiment", _option(argv, ("--experiment",)) or slug)
+    workdir = Path(_option(argv, ("--runs_dir",)) or "runs") / experiment / "stand_in"
+    args = prepared_stand_in(slug, workdir)
+    rest = [arg for i, arg in enumerate(argv) if i not in at[1:]]  # the flag once
+    return [*rest[: at[0]], *args, *rest[at[0] + 1 :]]
