@@ -12,7 +12,9 @@ Algorithm (stages as in the precursor's trainer):
      domain 0.
   2. domain-aware curriculum, once per target (§3.3):
      a. pick the remaining target with the largest mean max-softmax of fc(F(x)) (eval mode)
-     b. ``curriculum.iters_per_target`` steps: L = CE(fc(h_s), y_s) + λ_adv · CE(cos(h_t, μ)/τ, ŷ_t), with (h_s, y_s, d_s)
+     b. ``curriculum.iters_per_target`` steps: h_s = F(x_s), h_t = F(x_t) in two passes (each batch under its own
+        BatchNorm statistics, as the precursor's trainer); L = CE(fc(h_s), y_s) + λ_adv · CE(cos(h_t, μ)/τ, ŷ_t),
+        with (h_s, y_s, d_s)
         appended to the FIFO memory M every step and μ = class means of M recomputed every step;
         ŷ_t = argmax fc(h_t) (``graph.use_gnn=false``, the toy's default, as the spec's prototype); with D-CGCT's
         graph head G (``graph.use_gnn=true``, ``graph.ClassifierGNN`` over the batch of b_s + b_t nodes) ŷ_t = argmax
@@ -519,8 +521,12 @@ class U3CF(L.LightningModule):
         pool = self.pseudo_source_pool()
         xs, ys, ds = self.sample(pool, c.batch_source, gen)
         xt = self.target_x[t][torch.randint(0, len(self.target_x[t]), (c.batch_target,), generator=gen)]
-        feats = self.net.features(torch.cat([xs, xt]))
-        h_s, h_t = feats[: len(xs)], feats[len(xs) :]
+        # Two passes through F, as the precursor's adapt_target: each BatchNorm normalises the pseudo-source and
+        # the target batch with their own statistics. One joint batch mixed them; the target's features then
+        # moved with the source's, its fc pseudo-labels fell to one class within a few steps and the
+        # prototype loss locked that in (the collapse to chance; test_curriculum_batches_pass_f_per_domain).
+        h_s, h_t = self.net.features(xs), self.net.features(xt)
+        feats = torch.cat([h_s, h_t])
         l_mlp = F.cross_entropy(self.net.fc(h_s), ys)
         self.memory.append(
             h_s, ys, ds, limit=len(pool[0])
