@@ -1,113 +1,21 @@
 """LiteVSR's full-scale (latent) loop end to end without downloads: a tiny diffusers-layout Wan checkpoint
 (WanTransformer3DModel, AutoencoderKLWan, UMT5EncoderModel, a word-level tokenizer written here,
-FlowMatchEulerDiscreteScheduler, model_index.json) and a tiny REDS-style folder of PNG frames, fitted through
+FlowMatchEulerDiscreteScheduler, model_index.json) and a tiny REDS-style folder of PNG frames (the card's stand-in
+writers, ``litlab.lit_modules.diffusion.standin``), fitted through
 ``litlab fit --config configs/litevsr/full.yaml`` with small overrides. Wan2.1-T2V-1.3B itself is never loaded here;
 the offline failure of the real config is ``test_litevsr.test_full_config_fails_offline_naming_the_model``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from litlab.lit_modules.diffusion.standin import TEXT_LEN, write_reds, write_tiny_wan
+
 ROOT = Path(__file__).resolve().parents[1]
-TEXT_LEN = 8  # max_sequence_length of the tiny text encoder (Wan: 512 tokens of umT5-xxl)
-
-
-def write_tiny_wan(folder: Path) -> Path:
-    """A diffusers-layout Wan checkpoint of about 190K parameters: 16 latent channels and ×4 temporal compression
-    as Wan's VAE, ×4 spatial (Wan: ×8), patch (1, 2, 2), 2 blocks, text width 16."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
-
-    from litlab.lit_modules.diffusion.ddpm import diffusers_classes
-
-    AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanTransformer3DModel = diffusers_classes(
-        "AutoencoderKLWan", "FlowMatchEulerDiscreteScheduler", "WanTransformer3DModel"
-    )
-    torch.manual_seed(0)
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, "a": 3, "video": 4}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        model_max_length=TEXT_LEN,
-    ).save_pretrained(folder / "tokenizer")
-    UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=len(vocab),
-            d_model=16,
-            d_kv=8,
-            d_ff=32,
-            num_layers=1,
-            num_heads=2,
-            pad_token_id=0,
-            eos_token_id=1,
-            decoder_start_token_id=0,
-        )
-    ).save_pretrained(folder / "text_encoder")
-    WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=8,
-        in_channels=16,
-        out_channels=16,
-        text_dim=16,
-        freq_dim=16,
-        ffn_dim=32,
-        num_layers=2,
-        rope_max_seq_len=32,
-    ).save_pretrained(folder / "transformer")
-    AutoencoderKLWan(
-        base_dim=8,
-        z_dim=16,
-        dim_mult=[1, 2, 2],
-        num_res_blocks=1,
-        temperal_downsample=[True, True],
-        scale_factor_temporal=4,
-        scale_factor_spatial=4,
-    ).save_pretrained(folder / "vae")
-    FlowMatchEulerDiscreteScheduler(shift=3.0).save_pretrained(folder / "scheduler")
-    (folder / "model_index.json").write_text(
-        json.dumps(
-            {
-                "_class_name": "WanPipeline",
-                "transformer": ["diffusers", "WanTransformer3DModel"],
-                "vae": ["diffusers", "AutoencoderKLWan"],
-                "text_encoder": ["transformers", "UMT5EncoderModel"],
-                "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-                "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-            }
-        )
-    )
-    return folder
-
-
-def write_reds(
-    root: Path, clips: tuple[str, ...] = ("000", "001", "002"), frames: int = 6, size=(40, 48)
-) -> Path:
-    """``<root>/<clip>/<frame:08d>.png``: a coloured square moving one pixel a frame over a gradient."""
-    import numpy as np
-    from PIL import Image
-
-    h, w = size
-    for c, name in enumerate(clips):
-        (root / name).mkdir(parents=True)
-        for i in range(frames):
-            img = np.zeros((h, w, 3), dtype=np.uint8)
-            img[..., 0] = np.linspace(30, 200, w, dtype=np.uint8)[None]
-            img[..., 1] = np.linspace(60, 160, h, dtype=np.uint8)[:, None]
-            img[..., 2] = 80 + 40 * c
-            img[8 + i : 20 + i, 10 + 2 * c : 22 + 2 * c] = (230, 40 + 60 * c, 30)
-            Image.fromarray(img).save(root / name / f"{i:08d}.png")
-    return root
 
 
 def full_config_args(tmp_path: Path, wan: Path, root: Path) -> list[str]:

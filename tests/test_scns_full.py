@@ -1,6 +1,7 @@
 """SCNS's full-scale (latent) loop end to end without downloads: a tiny diffusers-layout text-to-image checkpoint
 (UNet2DConditionModel with cross-attention, CLIPTextModel, a CLIPTokenizer from a vocabulary and merges written
-here, AutoencoderKL, DDPMScheduler, model_index.json) and a tiny concept folder in the CIFC layout, fitted through
+here, AutoencoderKL, DDPMScheduler, model_index.json) and a tiny concept folder in the CIFC layout (the card's
+stand-in writers, ``litlab.lit_modules.diffusion.standin``), fitted through
 ``litlab fit --config configs/scns/full.yaml`` with small overrides. Stable Diffusion 1.5 itself is never loaded
 here; the offline failure of the real config is ``test_scns.test_full_config_fails_offline_naming_the_model``.
 """
@@ -8,110 +9,14 @@ here; the offline failure of the real config is ``test_scns.test_full_config_fai
 from __future__ import annotations
 
 import dataclasses
-import json
-import string
 from pathlib import Path
 
 import pytest
 import torch
 
+from litlab.lit_modules.diffusion.standin import write_concepts, write_tiny_sd
+
 ROOT = Path(__file__).resolve().parents[1]
-SEQ = 16  # tokenizer model_max_length = text encoder positions
-
-
-def write_tiny_sd(folder: Path) -> Path:
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
-
-    from litlab.lit_modules.diffusion.ddpm import diffusers_classes
-
-    AutoencoderKL, DDPMScheduler, UNet2DConditionModel = diffusers_classes(
-        "AutoencoderKL", "DDPMScheduler", "UNet2DConditionModel"
-    )
-    torch.manual_seed(0)
-    chars = list(string.ascii_lowercase) + list("<>_,.!-0123456789")
-    vocab = {c: i for i, c in enumerate(chars)}
-    vocab.update({f"{c}</w>": len(chars) + i for i, c in enumerate(chars)})
-    merges = ["d o", "do g</w>", "t o", "to y</w>", "p h", "ph o", "pho t", "phot o</w>"]
-    for m in merges:
-        vocab["".join(m.split())] = len(vocab)
-    vocab["<|startoftext|>"] = len(vocab)
-    vocab["<|endoftext|>"] = len(vocab)
-    raw = folder / "raw_tokenizer"
-    raw.mkdir(parents=True)
-    (raw / "vocab.json").write_text(json.dumps(vocab))
-    (raw / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
-    tok = CLIPTokenizer(str(raw / "vocab.json"), str(raw / "merges.txt"), model_max_length=SEQ)
-    tok.save_pretrained(folder / "tokenizer")
-    eos = vocab["<|endoftext|>"]
-    CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(vocab),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            max_position_embeddings=SEQ,
-            bos_token_id=vocab["<|startoftext|>"],
-            eos_token_id=eos,
-            pad_token_id=eos,
-        )
-    ).save_pretrained(folder / "text_encoder")
-    UNet2DConditionModel(
-        sample_size=16,
-        in_channels=4,
-        out_channels=4,
-        layers_per_block=1,
-        block_out_channels=(16, 32),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=16,
-        attention_head_dim=8,
-        norm_num_groups=8,
-    ).save_pretrained(folder / "unet")
-    AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        block_out_channels=(8, 16),
-        latent_channels=4,
-        norm_num_groups=8,
-        layers_per_block=1,
-        sample_size=32,
-    ).save_pretrained(folder / "vae")
-    DDPMScheduler(
-        num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"
-    ).save_pretrained(folder / "scheduler")
-    (folder / "model_index.json").write_text(
-        json.dumps(
-            {
-                "_class_name": "StableDiffusionPipeline",
-                "unet": ["diffusers", "UNet2DConditionModel"],
-                "text_encoder": ["transformers", "CLIPTextModel"],
-                "tokenizer": ["transformers", "CLIPTokenizer"],
-                "vae": ["diffusers", "AutoencoderKL"],
-                "scheduler": ["diffusers", "DDPMScheduler"],
-            }
-        )
-    )
-    return folder
-
-
-def write_concepts(root: Path, captions: dict[str, list[str | None]], size: int = 40) -> Path:
-    """``images/<concept>/<i>.png`` (size × size, a coloured square on a grey field) and, where given,
-    ``caption/<concept>/<i>.txt``."""
-    from PIL import Image, ImageDraw
-
-    for c, (name, caps) in enumerate(captions.items()):
-        (root / "images" / name).mkdir(parents=True)
-        (root / "caption" / name).mkdir(parents=True, exist_ok=True)
-        for i, cap in enumerate(caps):
-            img = Image.new("RGB", (size + 8 * i, size), (90 + 10 * i, 90, 90))
-            ImageDraw.Draw(img).rectangle([8 + 2 * i, 8, 26 + 2 * i, 26], fill=(200, 40 + 100 * c, 40))
-            img.save(root / "images" / name / f"{i}.png")
-            if cap is not None:
-                (root / "caption" / name / f"{i}.txt").write_text(cap)
-    return root
 
 
 def test_concept_folder_datamodule(tmp_path, monkeypatch):

@@ -1,0 +1,158 @@
+"""Every card's full config runs on its stand-in (issue 32 item 2, ``litlab.standin``): in a temp folder,
+``litlab fit --config configs/<slug>/full.yaml --stand-in`` builds the tiny models and data records offline,
+constructs the full config's classes, trains at least two steps and writes a checkpoint; a relaunch with
+``--ckpt_path last`` resumes from it (the same run folder, the checkpoint's weights); ``validate`` / ``test`` from
+the checkpoint evaluate with finite metrics (a module with neither step, whose loop evaluates inside the fit, has
+finite ``val/`` metrics in the fit's summary). The stand-in itself is deterministic (two builds write the same bytes)
+and leaves the process's torch generator alone.
+
+A card's test is in the default suite when it was measured at or under ~20 s here (``FAST``); the others are
+``slow`` (``pytest -m slow tests/test_standin.py -k <slug>``)."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from litlab.standin import STAND_INS, expand_stand_in_flag, prepared_stand_in, stand_in_args
+
+ROOT = Path(__file__).resolve().parents[1]
+# measured on the 2-core CI machine (wall time of this file's test for the card); a card's family moves it here
+# when its stand-in fits in ~20 s
+FAST = {"scns", "xkv", "sale", "salaad", "lordo"}
+
+
+def cards(fast: set[str] = FAST) -> list:
+    return [pytest.param(s, marks=() if s in fast else pytest.mark.slow, id=s) for s in STAND_INS]
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def fit(argv: list[str]):
+    from litlab.cli import LitlabCLI
+
+    return LitlabCLI(args=expand_stand_in_flag(argv))
+
+
+@pytest.mark.parametrize("slug", cards())
+def test_full_config_runs_on_its_stand_in(slug, tmp_path, monkeypatch):
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    from litlab.callbacks.divergence import first_nonfinite
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # nothing may land in the working directory but under --runs_dir
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])  # LightningCLI warns when pytest's arguments are there too
+    config = ROOT / "configs" / slug / "full.yaml"
+    common = [f"--config={config}", "--stand-in", f"--runs_dir={tmp_path / 'runs'}"]
+    quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+    first = fit(["fit", *common, *quiet])
+    trainer = first.trainer
+    assert trainer.state.finished and trainer.global_step >= 2, (slug, trainer.global_step)
+    ckpt = first.run_dir / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file(), sorted(p.name for p in ckpt.parent.glob("*"))
+    assert sorted(os.listdir(tmp_path)) == ["runs"]
+
+    # the relaunch finds the same stand-in files, so the same config hash and run folder, and resumes
+    again = fit(["fit", *common, *quiet, "--ckpt_path=last"])
+    assert again.run_dir == first.run_dir
+    assert again.trainer.ckpt_path == str(ckpt)
+    assert again.trainer.global_step == trainer.global_step
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    now = again.model.state_dict()
+    assert saved and all(torch.equal(now[k].cpu(), v) for k, v in saved.items())
+
+    evaluated = []
+    for subcommand, hook in (("validate", "validation_step"), ("test", "test_step")):
+        if not is_overridden(hook, first.model):
+            continue
+        run = fit([subcommand, *common, *quiet, f"--ckpt_path={ckpt}"])
+        metrics = dict(run.trainer.callback_metrics)
+        assert metrics, (slug, subcommand)
+        assert first_nonfinite(metrics, run.model) is None, (slug, subcommand, metrics)
+        evaluated.append(subcommand)
+    if not evaluated:  # a loop that evaluates inside the fit (SCNS: at the end of each concept's task)
+        metrics = json.loads((first.run_dir / "summary.json").read_text())["metrics"]
+        assert any(k.startswith(("val/", "test/")) for k in metrics), (slug, sorted(metrics))
+        assert first_nonfinite(metrics, first.model) is None, (slug, metrics)
+
+
+@pytest.mark.parametrize("slug", cards(fast=set(STAND_INS)))  # a stand-in takes seconds (litlab.standin)
+def test_stand_in_is_deterministic_and_leaves_the_generator_alone(slug, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    state = torch.random.get_rng_state()
+    args = [stand_in_args(slug, tmp_path / name) for name in ("a", "b")]
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert args[0] and args[0] == [a.replace(str(tmp_path / "b"), str(tmp_path / "a")) for a in args[1]]
+    names = files_under(tmp_path / "a")
+    assert names and names == files_under(tmp_path / "b")
+    _, differ, errors = filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", names, shallow=False)
+    assert not differ and not errors, f"{slug}: two builds differ in {differ + errors}"
+
+
+def test_the_flag_expands_where_it_stands_and_the_folder_is_reused(tmp_path, monkeypatch):
+    """``--stand-in`` becomes the card's arguments at its place (later overrides win), the folder is written once
+    (``stand_in.json``) and reused, and written again when its record is not this stand-in's."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    calls = []
+
+    def stand_in(workdir: Path) -> list[str]:
+        calls.append(workdir)
+        (workdir / "model").mkdir()
+        return [f"--model.init_args.path={workdir / 'model'}", "--trainer.max_steps=2"]
+
+    import litlab.standin as standin
+
+    monkeypatch.setattr(standin, "stand_in_function", lambda slug: stand_in)
+    monkeypatch.setitem(standin.STAND_INS, "toy", "tests.test_standin:stand_in")
+    argv = [
+        "fit",
+        "-c",
+        "configs/toy/full.yaml",
+        "--stand-in",
+        "--trainer.max_steps=5",
+        f"--runs_dir={tmp_path}",
+    ]
+    expanded = expand_stand_in_flag(argv)
+    workdir = (tmp_path / "toy" / "stand_in").resolve()
+    assert expanded == [
+        "fit",
+        "-c",
+        "configs/toy/full.yaml",
+        f"--model.init_args.path={workdir / 'model'}",
+        "--trainer.max_steps=2",
+        "--trainer.max_steps=5",
+        f"--runs_dir={tmp_path}",
+    ]
+    assert expand_stand_in_flag([*argv, "--experiment=other"])[3].startswith(
+        f"--model.init_args.path={(tmp_path / 'other' / 'stand_in').resolve()}"
+    )
+    assert expand_stand_in_flag(argv) == expanded and len(calls) == 2  # reused
+    (workdir / "stand_in.json").write_text("{}")  # another version's (or a half-written) folder
+    assert expand_stand_in_flag(argv) == expanded and len(calls) == 3
+    assert prepared_stand_in("toy", workdir) == expanded[3:5] and len(calls) == 3
+    assert expand_stand_in_flag(argv[:3]) == argv[:3]  # no flag: unchanged
+
+
+def test_a_missing_stand_in_or_config_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from litlab.lit_modules.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no stand-in for card 'nope'"):
+        expand_stand_in_flag(
+            ["fit", "--config=configs/nope/full.yaml", "--stand-in", f"--runs_dir={tmp_path}"]
+        )
+    with pytest.raises(ConfigError, match="needs the card's full config"):
+        expand_stand_in_flag(["fit", "--stand-in"])
+    with pytest.raises(ConfigError, match="--experiment must be a folder name"):
+        expand_stand_in_flag(["fit", "--config=configs/xkv/full.yaml", "--stand-in", "--experiment=../x"])
