@@ -8,6 +8,7 @@ the missing member, when one is absent. The project's DataModules are named in e
                         tensors the head warms up on, and random training batches for the probe.
 * ``CalibrationText``   CSPLoRA's probe of a pretrained LM: batches of token windows.
 * ``CalibrationPairs``  Gap-Init: the pairs that pre-train the towers and the calibration pairs of the gap.
+* ``CaptionedImages``   Gap-Init at full scale: images with captions, encoded by the backbone's encoder.
 * ``RegressionText``    SPR-RAFT: records with a ``[REG]`` slot, the answer grid, target statistics, the
                         evaluation splits in loader order.
 * ``SyntheticRecords``  SPR-RAFT's stand-in backbone: its generated pre-training records.
@@ -21,7 +22,7 @@ passes the stream it owns (the probe's batches) as an argument, so the DataModul
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -63,6 +64,20 @@ class CalibrationPairs(Protocol):
 
     def calibration_dataloader(self) -> DataLoader:
         """One batch ``{"x", "y"}``: Gap-Init's calibration set D_cal."""
+        ...
+
+
+class CaptionedImages(Protocol):
+    """Images with captions for a vision-language backbone
+    (``litlab.datamodules.coco_caption.CocoKarpathyCaptionDataModule``): every loader's collate calls the encoder the
+    method hands over; evaluation batches also carry ``references``."""
+
+    def use_encoder(self, encode: Callable[[list[Any], list[str]], dict[str, Tensor]]) -> None:
+        """The backbone's batch encoder ``(images, captions) -> tensors``."""
+        ...
+
+    def calibration_dataloader(self) -> DataLoader:
+        """Batches of Gap-Init's calibration pairs D_cal (from the training split)."""
         ...
 
 
