@@ -5,7 +5,8 @@ Layers, top to bottom (docs/adding-a-method.md explains them):
 
     litlab (CLI: cli, repro, cards, runs, slurm, sweep, data, bench) and benchmarks/
     callbacks, strategies                      Lightning plugins; reach a family through its contract/report
-    lit_modules/<family>/<method>.py           one method, one file named by its card's slug (seeds/<slug>.yaml)
+    lit_modules/<family>/<method>.py           one method, one file named by its card's slug (seeds/<slug>.yaml);
+                                               <slug>_full.py, its full-scale loop, is the method's too
     lit_modules/<family>/*.py                  the family's harness, contract, report and shared maths
     datamodules                                data; imports only core (errors, HF loading, cache, atomic writes)
     lit_modules/core                           what several families use
@@ -84,7 +85,7 @@ def layer_of(module: str) -> tuple[str, str | None]:
         name = parts[3]
         if name == "contract":
             return "contract", family
-        return ("method" if name in CARD_SLUGS else "harness"), family
+        return ("method" if name.removesuffix("_full") in CARD_SLUGS else "harness"), family
     if module.startswith(("litlab.callbacks", "litlab.strategies")):
         return "plugin", None
     return "cli", None

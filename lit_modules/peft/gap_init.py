@@ -24,8 +24,9 @@ creates a modality gap, rank-r LoRA on the image tower's last linear layer, trai
 embedding. Its realism variant (``towers.text: minilm``, §6's "optional realism upgrade") locks the text side to the
 frozen pretrained sentence encoder all-MiniLM-L6-v2 (captions "a handwritten digit seven", D = 384) and
 pre-trains only the image tower against it (locked-text contrastive tuning), so the gap comes from a real
-pretrained text model. The full-scale path (BLIP-2 / LLaVA captioning and VQA with layer-wise gaps) is reachable by config,
-loads the model (or fails at once offline naming it) and stops there: its training loop is not built.
+pretrained text model. The full-scale path (BLIP-2 captioning on COCO with layer-wise gaps) is
+``litlab.lit_modules.peft.gap_init_full.GapInitCaptioning`` (configs/gap_init/full.yaml); ``GapInitLoRA`` with another
+``backbone`` names it.
 
 The init is a *rule* on the shared adapter core: ``gap_factors`` turns the estimate into (A₀, B₀), passed as
 ``init="given"`` to ``litlab.lit_modules.core.adapters.inject_adapters``.
@@ -482,37 +483,13 @@ class GapInitLoRA(L.LightningModule):
 
 
 def _full_scale_backbone(model_id: str) -> None:
-    """Full scale (BLIP-2 / LLaVA): load the VLM (offline: fail at once naming it), then stop — not built."""
-    import os
+    """A vision-language backbone is the full-scale loop's, in ``gap_init_full``: say so (``ConfigError``)."""
+    from litlab.lit_modules.core.errors import ConfigError
 
-    import transformers
-    from huggingface_hub import try_to_load_from_cache
-
-    from litlab.lit_modules.core.errors import ModelUnavailableError
-    from litlab.lit_modules.core.hf import (
-        download_instructions,
-        hub_unreachable_reason,
-        load_from_folder_cache_or_hub,
-    )
-
-    # The image-text auto class probes the Hub for adapter files (with retries) even with local_files_only:
-    # answer "missing" first, in one request, when the model is neither a folder nor cached.
-    if not os.path.isdir(os.path.expanduser(model_id)) and not isinstance(
-        try_to_load_from_cache(model_id, "config.json"), str
-    ):
-        reason = hub_unreachable_reason(model_id)
-        if reason is not None:
-            raise ModelUnavailableError(
-                f"cannot load model {model_id!r}: it is not a local folder, not in the local Hugging Face cache, "
-                f"and cannot be downloaded: {reason}.\nTo make it available:\n{download_instructions(model_id)}"
-            )
-    load_from_folder_cache_or_hub(
-        transformers.AutoModelForImageTextToText.from_pretrained, model_id, None, "model"
-    )
-    raise NotImplementedError(
-        f"{model_id} loaded, but Gap-Init's full-scale loop (layer-wise gaps from output_hidden_states with "
-        "estimate_layer_gaps, LoRA on the LLM's q_proj/v_proj, COCO / VQAv2 DataModules) is not built yet; "
-        "only the dual-encoder toy (backbone: toy_dual_encoder) runs"
+    raise ConfigError(
+        f"backbone={model_id!r}: GapInitLoRA is the dual-encoder toy (backbone: toy_dual_encoder); Gap-Init on a "
+        "vision-language model is litlab.lit_modules.peft.gap_init_full.GapInitCaptioning, as in "
+        "configs/gap_init/full.yaml"
     )
 
 

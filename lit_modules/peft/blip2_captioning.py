@@ -1,0 +1,193 @@
+"""BLIP-2 captioning, the pieces a method on it shares (Li et al., "BLIP-2: Bootstrapping Language-Image
+Pre-training with Frozen Image Encoders and Large Language Models", arXiv 2301.12597, §4.2 image captioning):
+the batch layout of ``Blip2ForConditionalGeneration`` (``CaptionEncoder``), BLIP's caption pre-processing, the words
+BLEU compares, the decoding settings, and the writers of a tiny BLIP-2 and a few COCO Karpathy records for stand-in
+runs (issue 32: the same classes and on-disk formats as the full scale, small sizes, offline, deterministic).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from litlab.lit_modules.core.config import config_part
+
+
+@config_part
+class Decoding:
+    """Caption decoding for the metric (BLIP-2's captioning evaluation: beam search)."""
+
+    max_new_tokens: int = 30
+    min_new_tokens: int = 8
+    num_beams: int = 5
+
+
+DECODING = Decoding()
+
+
+def pre_caption(caption: str, max_words: int = 50) -> str:
+    """BLIP's caption pre-processing (Li et al., arXiv 2201.12086): lower case, ``.!"()*#:;~`` dropped, spaces
+    collapsed, at most ``max_words`` words."""
+    caption = re.sub(r"\s{2,}", " ", re.sub(r"([.!\"()*#:;~])", " ", caption.lower())).strip()
+    return " ".join(caption.split(" ")[:max_words])
+
+
+def metric_words(text: str) -> str:
+    """Lower-cased words without punctuation: what BLEU compares."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+class CaptionEncoder:
+    """BLIP-2's batch layout, handed to the DataModule (it runs in the loader's workers, so it pickles):
+    ``[<image> × num_query_tokens][BOS] prompt caption "\\n" [pad …]``; ``labels`` are the caption's ids (-100 on the
+    image tokens, BOS, the prompt and the padding)."""
+
+    def __init__(
+        self, processor: Any, num_query_tokens: int, image_token_id: int, prompt: str, max_text_tokens: int
+    ):
+        self.tokenizer, self.image_processor = processor.tokenizer, processor.image_processor
+        self.n_query, self.image_token_id, self.max_text = num_query_tokens, image_token_id, max_text_tokens
+        self.prompt = prompt
+        self.prompt_ids: list[int] = self.tokenizer(prompt).input_ids  # BOS + the prompt's tokens
+
+    def __call__(self, images: list[Any], captions: list[str]) -> dict[str, Tensor]:
+        texts = [f"{self.prompt} {pre_caption(c)}\n".lstrip() for c in captions]
+        ids = [self.tokenizer(t).input_ids[: self.max_text] for t in texts]
+        width, pad = self.n_query + max(map(len, ids)), self.tokenizer.pad_token_id
+        input_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+        labels = torch.full((len(ids), width), -100, dtype=torch.long)
+        mask = torch.zeros(len(ids), width, dtype=torch.long)
+        for row, seq in enumerate(ids):
+            end = self.n_query + len(seq)
+            input_ids[row, : self.n_query] = self.image_token_id
+            input_ids[row, self.n_query : end] = torch.tensor(seq)
+            mask[row, :end] = 1
+            start = self.n_query + len(self.prompt_ids)  # the loss reads the caption only
+            labels[row, start:end] = input_ids[row, start:end]
+        pixels = self.image_processor(images, return_tensors="pt")["pixel_values"]
+        return {"pixel_values": pixels, "input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+    def generation_prefix(self, batch_size: int) -> Tensor:
+        """``[<image> × num_query_tokens][BOS] prompt`` for every image of a batch: where decoding starts."""
+        row = [self.image_token_id] * self.n_query + self.prompt_ids
+        return torch.tensor([row] * batch_size, dtype=torch.long)
+
+
+# ---- stand-in writers: a tiny BLIP-2 of the full config's classes, a few COCO Karpathy records -----------------
+CAPTION_WORDS = {
+    "who": ("a man", "a woman", "a dog", "two cats", "a child", "a bird"),
+    "does": ("sitting on", "standing next to", "running across", "lying on", "looking at"),
+    "what": ("a wooden bench", "the green grass", "a red car", "a snowy field", "a kitchen table"),
+}
+STAND_IN_SPLITS = ["train"] * 6 + ["restval"] * 2 + ["val"] * 3 + ["test"] * 3
+
+
+def write_coco_karpathy(root: Path, gen: torch.Generator) -> list[str]:
+    """A COCO folder in the Karpathy layout (``datamodules/coco_caption.py``): ``dataset_coco.json`` naming 14
+    images (6 train, 2 restval with 2 captions each; 3 val, 3 test with 3), their JPEGs (a coloured field and an
+    ellipse, 40-52 x 36 px) under ``train2014/`` and ``val2014/``, each named as COCO names them. Returns every
+    caption written."""
+    from PIL import Image, ImageDraw
+
+    def pick(options: tuple[str, ...]) -> str:
+        return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+    records, sentences = [], []
+    for i, split in enumerate(STAND_IN_SPLITS):
+        folder = "train2014" if split in ("train", "restval") else "val2014"
+        filename = f"COCO_{folder}_{100 + i:012d}.jpg"
+        caps = [
+            f"{pick(CAPTION_WORDS['who']).capitalize()} {pick(CAPTION_WORDS['does'])} {pick(CAPTION_WORDS['what'])}."
+            for _ in range(2 if split in ("train", "restval") else 3)
+        ]
+        sentences += caps
+        size = (40 + 4 * int(torch.randint(4, (1,), generator=gen)), 36)
+        colour = tuple(int(c) for c in torch.randint(40, 220, (3,), generator=gen))
+        img = Image.new("RGB", size, colour)
+        ImageDraw.Draw(img).ellipse([6, 6, 16 + 4 * (i % 5), 26], fill=(240 - colour[0], 90, colour[2]))
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        img.save(root / folder / filename, quality=90)
+        sents = [{"raw": c, "imgid": i, "sentid": 10 * i + k} for k, c in enumerate(caps)]
+        records.append(
+            {
+                "filepath": folder,
+                "filename": filename,
+                "imgid": i,
+                "split": split,
+                "cocoid": 100 + i,
+                "sentences": sents,
+            }
+        )
+    (root / "dataset_coco.json").write_text(json.dumps({"dataset": "coco", "images": records}))
+    return sentences
+
+
+def write_tiny_blip2(folder: Path, texts: list[str], seed: int = 0) -> Path:
+    """A ``Blip2ForConditionalGeneration`` folder with its ``Blip2Processor``, of the classes BLIP-2 OPT ships
+    with and small sizes: a 1-block ViT (32 px, 16 px patches), a 1-block Q-Former, 4 query tokens, a 2-block
+    ``OPTForCausalLM`` of width 32; ``BlipImageProcessor`` at 32 px and a ``GPT2Tokenizer`` (OPT's) whose byte-level
+    BPE is trained here on ``texts`` (nothing downloaded). Weights from ``seed``; the global generator is left as
+    it was."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        Blip2Config,
+        Blip2ForConditionalGeneration,
+        Blip2Processor,
+        GPT2Tokenizer,
+        OPTConfig,
+    )
+    from transformers.models.blip.image_processing_pil_blip import BlipImageProcessorPil
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<pad>", "</s>", "<unk>"],  # OPT's: pad 1st, </s> both BOS and EOS
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer)
+    trained = json.loads(bpe.to_str())["model"]
+    tokenizer = GPT2Tokenizer(
+        vocab=trained["vocab"],
+        merges=[tuple(m) for m in trained["merges"]],
+        bos_token="</s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        add_bos_token=True,
+    )
+    processor = Blip2Processor(
+        BlipImageProcessorPil(size={"height": 32, "width": 32}), tokenizer, num_query_tokens=4
+    )
+    processor.save_pretrained(folder)
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    text = OPTConfig(
+        vocab_size=len(processor.tokenizer),
+        hidden_size=32,
+        ffn_dim=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        word_embed_proj_dim=32,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=1,
+    )
+    config = Blip2Config(
+        vision_config={**small, "image_size": 32, "patch_size": 16},
+        qformer_config={**small, "encoder_hidden_size": 32},
+        text_config=text.to_dict(),
+        num_query_tokens=4,
+        image_token_index=processor.tokenizer.convert_tokens_to_ids("<image>"),
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        Blip2ForConditionalGeneration(config).save_pretrained(folder)
+    return folder
