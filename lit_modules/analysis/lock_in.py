@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
@@ -46,6 +47,7 @@ from litlab.lit_modules.analysis.contract import DomainEvalData, check_data
 from litlab.lit_modules.analysis.diffract import TinyBase, lm_losses
 from litlab.lit_modules.core.config import config_part
 from litlab.lit_modules.core.errors import ConfigError
+from litlab.lit_modules.core.hf import load_causal_lm
 from litlab.lit_modules.core.io import atomic_path, atomic_write_json, cache_dir
 from litlab.lit_modules.core.pretrain import cache_key
 from litlab.lit_modules.core.seeding import derive_seed, record_artefact
@@ -422,16 +424,18 @@ def broad_hessian_basis(
     seed: int,
     flat: C.FlatParams | None = None,
     theta0: Tensor | None = None,
+    fixed: Mapping[str, Tensor] | None = None,
 ) -> C.Eigen:
     """Step 1: the top-``plan.k`` Lanczos pairs (``plan.lanczos_iters`` steps, start vector from ``seed``) of
     the Hessian of the mean next-token CE over ``batches`` at ``theta0`` (default: the model's own parameters,
     flattened over ``named_parameters()``), in eval mode and on one thread (the basis must not depend on the
-    process's thread count); vectors in float32."""
+    process's thread count); vectors in float32. ``fixed``: the tensors outside ``flat`` (default the model's
+    buffers, its other parameters as they are)."""
     params = dict(model.named_parameters())
     flat = flat if flat is not None else C.FlatParams.of(params)
     if theta0 is None:
         theta0 = flat.flatten({k: v.detach() for k, v in params.items()})
-    f = C.lm_loss_fn(model, batches, flat, dict(model.named_buffers()))
+    f = C.lm_loss_fn(model, batches, flat, dict(model.named_buffers()) if fixed is None else fixed)
     was, threads = model.training, torch.get_num_threads()
     model.eval()
     torch.set_num_threads(1)  # the cached artifact must not depend on the process's thread count
@@ -480,7 +484,15 @@ class LockInFT(L.LightningModule):
     f_t against the broad-loss Hessian basis at θ0 (``lockin/*``; the whole trajectory in
     ``<run>/trajectory.json``). ``projection="global"`` removes the stiff-basis component of every optimizer step
     (the reconstructed "spectral bifurcation"). Data: a ``DomainEvalData`` module (task = its ``domain``, broad =
-    its ``general_domain``)."""
+    its ``general_domain``).
+
+    ``backbone="tiny_gpt"`` builds θ0 from ``base`` (cached, with its basis); any other value is a Hugging Face causal
+    LM id or folder in ``dtype`` (``core.hf.load_causal_lm``; offline it stops at once naming it), e.g. the full
+    scale's Qwen2.5-0.5B narrow-tuned on GSM8K (answer-only labels) with fineweb-edu as the broad distribution
+    (``datamodules.hub_corpus.HubCorpusDataModule``). At that size the global basis covers the parameters matching
+    the regex ``curvature_params`` only (the Lanczos vectors are ``k`` copies of it): h_t, f_t and the projection
+    act on that subset, the drift d_t on every parameter. The spec's layer-wise K-FAC basis for > 1B models is
+    not built. A Hugging Face backbone's basis is computed at θ0 in every fit (a resumed one too), not cached."""
 
     def __init__(
         self,
@@ -490,21 +502,32 @@ class LockInFT(L.LightningModule):
         curvature: CurvatureBasisPlan = CURVATURE,
         eval_every: int = 15,
         backbone: str = "tiny_gpt",
+        dtype: str = "float32",
+        curvature_params: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
-        if backbone != "tiny_gpt":
-            raise ConfigError(
-                f"LockInFT builds litlab's tiny GPT only (backbone='tiny_gpt'); {backbone!r} needs the layer-wise "
-                "K-FAC curvature basis and a narrow-task DataModule for Hugging Face models, which are not built yet"
-            )
         if projection not in ("none", "global"):
             raise ValueError(f"projection must be 'none' or 'global', got {projection!r}")
         self.base_cfg, self.stab, self.curv, self.projection = base, stabilizer, curvature, projection
-        self.model = base.pretrained()
+        if backbone == "tiny_gpt":
+            self.model = base.pretrained()
+        else:  # a Hugging Face id or folder; fails at once offline naming what to download
+            self.model = load_causal_lm(backbone, dtype=dtype).train()
         params = dict(self.model.named_parameters())
-        self.flat = C.FlatParams.of(params)
-        self.theta0 = self.flat.flatten({k: v.detach() for k, v in params.items()}).clone()
+        self.flat_all = C.FlatParams.of(params)  # every parameter: the drift, L2-SP
+        self.theta0_all = self.flat_all.flatten({k: v.detach() for k, v in params.items()}).clone()
+        if curvature_params is None:
+            self.flat, self.theta0 = self.flat_all, self.theta0_all
+        else:  # the parameters the curvature basis covers (h_t, f_t, the projection)
+            names = [n for n in params if re.search(curvature_params, n)]
+            if not names:
+                raise ConfigError(
+                    f"curvature_params={curvature_params!r} matches no parameter of {backbone!r} (names look like "
+                    f"{list(params)[:3]})"
+                )
+            self.flat = C.FlatParams.of(params, names)
+            self.theta0 = self.flat.flatten({n: params[n].detach() for n in names}).clone()
         self.basis: C.Eigen | None = None
         self.trajectory: list[dict] = []
 
@@ -513,6 +536,9 @@ class LockInFT(L.LightningModule):
         if self.basis is not None:
             return self.basis
         lanczos_seed = derive_seed("curvature")
+        if self.hparams.backbone != "tiny_gpt":
+            self.basis = self._hf_basis(lanczos_seed)
+            return self.basis
         path = basis_cache_path(self.base_cfg, self.curv, derive_seed("backbone"), lanczos_seed)
         record_artefact("curvature_basis", path.stem)  # the cache key names the base, the plan and the seeds
         self.basis = load_basis(path)
@@ -523,6 +549,18 @@ class LockInFT(L.LightningModule):
         save_basis(eig, path)
         self.basis = eig
         return eig
+
+    def _hf_basis(self, lanczos_seed: int) -> C.Eigen:
+        """The basis of a Hugging Face backbone at θ0 (the parameters outside ``curvature_params`` at θ0 too, whatever
+        the model holds now), on the model's device; kept on the CPU."""
+        device = next(self.model.parameters()).device
+        cal = calibration_batches(self.trainer.datamodule.eval_set("general"), self.curv.n_cal_windows)
+        batches = [{k: v.to(device) for k, v in b.items()} for b in cal]
+        fixed = {**dict(self.model.named_buffers()), **self.flat_all.unflatten(self.theta0_all.to(device))}
+        eig = broad_hessian_basis(
+            self.model, batches, self.curv, lanczos_seed, self.flat, self.theta0.to(device), fixed
+        )
+        return C.Eigen(eig.values.cpu(), eig.vectors.cpu(), eig.residuals.cpu(), eig.ritz_all.cpu())
 
     def setup(self, stage: str) -> None:
         check_data(self.trainer.datamodule, DomainEvalData, type(self).__name__)
@@ -535,7 +573,7 @@ class LockInFT(L.LightningModule):
             self._record()
 
     def _theta(self) -> Tensor:
-        return self.flat.flatten({k: v.detach().cpu() for k, v in self.model.named_parameters()})
+        return self.flat.flatten({k: self.model.get_parameter(k).detach().cpu() for k in self.flat.names})
 
     @torch.no_grad()
     def _record(self) -> dict:
@@ -548,6 +586,9 @@ class LockInFT(L.LightningModule):
         self.model.train(was)
         delta = (self._theta() - self.theta0).double()
         d = float(delta.norm())
+        if self.flat is not self.flat_all:  # the basis covers a subset; the drift counts every parameter
+            theta = self.flat_all.flatten({k: v.detach().cpu() for k, v in self.model.named_parameters()})
+            d = float((theta - self.theta0_all).double().norm())
         h = harm_signal(delta, eig.values, eig.vectors.double())
         point = {
             "t": self.global_step,
@@ -574,12 +615,20 @@ class LockInFT(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         logits = self.model(batch["input_ids"])
-        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+        logits = logits if isinstance(logits, Tensor) else logits.logits  # a Hugging Face model's output
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())  # -100: not a task token
         self.log("train/loss_task", loss, prog_bar=True)
         if self.stab.l2sp > 0:
             theta = torch.cat([p.reshape(-1) for p in self.model.parameters()])
-            loss = loss + 0.5 * self.stab.l2sp * (theta - self.theta0.to(theta.device)).pow(2).sum()
+            loss = loss + 0.5 * self.stab.l2sp * (theta - self.theta0_all.to(theta.device)).pow(2).sum()
         return loss
+
+    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """The DataModule's validation loaders, task (0) and broad (1): ``val/loss_task``, ``val/loss_broad``."""
+        logits = self.model(batch["input_ids"])
+        logits = logits if isinstance(logits, Tensor) else logits.logits
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+        self.log("val/loss_task" if dataloader_idx == 0 else "val/loss_broad", loss, add_dataloader_idx=False)
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         if self.projection == "none":

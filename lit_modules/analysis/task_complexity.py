@@ -375,11 +375,23 @@ def greedy_answers(
     return out
 
 
+Scorer = Callable[[str, str], float]  # (generated line, answer line) -> score; the task's (TaskData.score)
+
+
 def exact_match(
-    model: nn.Module, pairs: Pairs, prefix: str = "", max_new: int = 10, tokenizer: TextTokens = TOKENIZER
+    model: nn.Module,
+    pairs: Pairs,
+    prefix: str = "",
+    max_new: int = 10,
+    tokenizer: TextTokens = TOKENIZER,
+    score: Scorer | None = None,
 ) -> float:
+    """Mean ``score`` of the greedy answer lines (default: exact match of the line; GSM8K's task scores the final
+    number, ``datamodules.hub_tasks.gsm8k_score``)."""
     got = greedy_answers(model, prefix, [q for q, _ in pairs], max_new, tokenizer)
-    return sum(g == a.rstrip("\n") for g, (_, a) in zip(got, pairs)) / len(pairs)
+    if score is None:
+        return sum(g == a.rstrip("\n") for g, (_, a) in zip(got, pairs)) / len(pairs)
+    return sum(score(g, a) for g, (_, a) in zip(got, pairs)) / len(pairs)
 
 
 # ---- fine-tuning on examples, with the prequential code of epoch 1 --------------------------------------------------
@@ -463,6 +475,7 @@ def online_point(
     eval_pairs: Pairs,
     plan: StrategyPlan,
     tokenizer: TextTokens = TOKENIZER,
+    score: Scorer | None = None,
 ) -> dict:
     m = copy.deepcopy(model)
     for p in m.parameters():
@@ -472,7 +485,7 @@ def online_point(
     bits = fit_examples(
         m, examples[:n], params, plan.steps, plan.lr, plan.batch_size, order_seed, True, tokenizer=tokenizer
     )
-    perf = exact_match(m, eval_pairs, max_new=plan.max_new_tokens, tokenizer=tokenizer)
+    perf = exact_match(m, eval_pairs, max_new=plan.max_new_tokens, tokenizer=tokenizer, score=score)
     return _row("online", f"n={n}", int(bits), perf)
 
 
@@ -492,6 +505,7 @@ def lora_points(
     eval_pairs: Pairs,
     plan: StrategyPlan,
     tokenizer: TextTokens = TOKENIZER,
+    score: Scorer | None = None,
 ) -> list[dict]:
     m, params = add_lora(model, plan)
     train = examples[: plan.lora_examples]
@@ -499,7 +513,7 @@ def lora_points(
     fit_examples(m, train, params, plan.steps, plan.lora_lr, plan.batch_size, order_seed, tokenizer=tokenizer)
 
     def perf() -> float:
-        return exact_match(m, eval_pairs, max_new=plan.max_new_tokens, tokenizer=tokenizer)
+        return exact_match(m, eval_pairs, max_new=plan.max_new_tokens, tokenizer=tokenizer, score=score)
 
     rows = [_row("lora", f"r={plan.lora_rank}", TC.lora_payload_bits(params), perf())]
     for b in plan.lora_bits:
@@ -522,6 +536,7 @@ def measure_frontier(
     plan: StrategyPlan = PLAN,
     progress: Callable[[dict], None] | None = None,
     tokenizer: TextTokens = TOKENIZER,
+    score: Scorer | None = None,
 ) -> list[dict]:
     """Every strategy point of ``plan`` for the frozen ``model`` (not modified): rows with strategy, knob,
     bits_payload, bits_script, bits_total and perf (exact match on ``eval_pairs``), in ``tokenizer``'s tokens
@@ -535,15 +550,17 @@ def measure_frontier(
             progress(r)
 
     if plan.baseline:
-        add(_row("baseline", "", 0, exact_match(model, eval_pairs, "", plan.max_new_tokens, tokenizer)))
+        add(
+            _row("baseline", "", 0, exact_match(model, eval_pairs, "", plan.max_new_tokens, tokenizer, score))
+        )
     for k in plan.icl_k:
         prompt = "".join(q + a for q, a in examples[:k])
-        perf = exact_match(model, eval_pairs, prompt, plan.max_new_tokens, tokenizer)
+        perf = exact_match(model, eval_pairs, prompt, plan.max_new_tokens, tokenizer, score)
         add(_row("icl", f"k={k}", prompt_bits(model, prompt, tokenizer, plan.icl_smoothing_eps), perf))
     for n in plan.online_n:
-        add(online_point(model, examples, n, eval_pairs, plan, tokenizer))
+        add(online_point(model, examples, n, eval_pairs, plan, tokenizer, score))
     if plan.lora_bits is not None and plan.lora_examples > 0:
-        for r in lora_points(model, examples, eval_pairs, plan, tokenizer):
+        for r in lora_points(model, examples, eval_pairs, plan, tokenizer, score):
             add(r)
     return rows
 
@@ -723,7 +740,7 @@ class TaskComplexity(L.LightningModule):
         if self.trainer.fast_dev_run:  # a smoke run: the cheapest points only
             plan = dataclasses.replace(plan, icl_k=plan.icl_k[:1], online_n=(), lora_examples=0)
         self.rows = measure_frontier(
-            self.model, batch["examples"], dm.eval_pairs(), plan, tokenizer=self.tokens
+            self.model, batch["examples"], dm.eval_pairs(), plan, tokenizer=self.tokens, score=dm.score
         )
         counted = "bits_payload"
         if self.hparams.count_script_bits:
