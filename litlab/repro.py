@@ -47,6 +47,7 @@ from litlab.claims import (
     refutations,
     regressions,
 )
+from litlab.full_plan import full_scale_table, print_run_plan
 from litlab.lit_modules.core.errors import (
     CardError,
     ConfigError,
@@ -677,6 +678,11 @@ def print_plan(
     for name, spec in chosen.items():
         overrides = " ".join(override_args(spec.all_overrides(scale))) or "(none)"
         print(f"  {name:<24} {spec.role:<9} {spec.config_path(scale)}  {overrides}")
+        if scale == "full":  # what it costs: parameters, memory, GPU-hours, slurm (litlab/full_plan.py)
+            print_run_plan(spec.config_path(scale), override_args(spec.all_overrides(scale)))
+    if scale == "full" and not chosen:
+        print(f"  the card has no full-scale run; its config configs/{card.slug}/full.yaml as it stands:")
+        print_run_plan(f"configs/{card.slug}/full.yaml", [])
     left_out = sorted(set(runs) - set(chosen))
     if left_out:
         print(f"  not run: {', '.join(left_out)} (optional: --all, or name them with --only)")
@@ -758,6 +764,11 @@ def main(argv: list[str]) -> int:
         help="print the fits this invocation would run (run, role, seeds, config, overrides); run nothing",
     )
     parser.add_argument(
+        "--full-scale-table",
+        action="store_true",
+        help="print docs/full-scale.md: every card's full-scale runs with their parameters, memory and GPU-hours",
+    )
+    parser.add_argument(
         "--check-recorded",
         action="store_true",
         help="exit 1 when a seed's number differs from the recorded one beyond the card's determinism tolerance",
@@ -776,6 +787,9 @@ def main(argv: list[str]) -> int:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.list:
         return list_cards(markdown=args.markdown)
+    if args.full_scale_table:
+        print(full_scale_table(), end="")
+        return 0
     if not args.slug:
         parser.error("give a card slug (see `litlab repro --list`)")
     for name in ("lightning.pytorch", "lightning.fabric"):  # per-run banners drown the report
@@ -792,7 +806,8 @@ def main(argv: list[str]) -> int:
             card = load_card(card_path)
         if args.null or args.rejudge:
             return print_null(card)
-        if not card.runs_for(args.scale):
+        # a full-scale plan of a card without full-scale runs still plans its full config
+        if not card.runs_for(args.scale) and not (args.plan and args.scale == "full"):
             raise CardError(
                 f"{card_path}: the card has no runs at scale {args.scale!r} (a run names its scales, e.g. "
                 f"'scales: [medium]'; its scales: {sorted({s for r in card.runs.values() for s in r.scales})})"

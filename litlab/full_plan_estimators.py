@@ -1,0 +1,449 @@
+"""One estimator per LightningModule a full config names (``ESTIMATORS``, by class name): what it builds, trains
+and runs for how long, read from the resolved config; the cost formulas are ``litlab.full_plan_formulas``."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from litlab.full_plan import Estimate, compute_dtype, get
+from litlab.full_plan_formulas import DTYPE_BYTES, MatmulWeights, Stack, lm_activation_bytes, lm_flops
+from litlab.model_shapes import DATASETS, MODEL_SHAPES, build_on_meta, resolve_id
+
+Config = dict[str, Any]
+# observation and action sizes of the MuJoCo tasks (gymnasium's v4 documentation)
+ENV_DIMS = {"Hopper-v4": (11, 3), "Walker2d-v4": (17, 6), "HalfCheetah-v4": (17, 6), "Ant-v4": (27, 8)}
+
+
+def n_params(module: nn.Module, trainable: bool | None = None) -> int:
+    return sum(p.numel() for p in module.parameters() if trainable is None or p.requires_grad == trainable)
+
+
+def model_label(model_id: str, module: nn.Module) -> str:
+    return f"{model_id} ({type(module).__name__}, {MODEL_SHAPES[resolve_id(model_id)].source})"
+
+
+def memory(
+    total: int, trainable: int, weight_bytes: int, train_bytes: int, states: int
+) -> tuple[int, int, int]:
+    """Weights (frozen at ``weight_bytes``, trained at ``train_bytes``), gradients, optimiser states."""
+    frozen = total - trainable
+    return (
+        frozen * weight_bytes + trainable * train_bytes,
+        trainable * train_bytes,
+        states * trainable * train_bytes,
+    )
+
+
+def lm_run(
+    model_id: str,
+    cfg: Config,
+    *,
+    batch: int,
+    seq: int,
+    steps: int,
+    steps_text: str,
+    datasets: list[str],
+    train: str,
+    adapt: Callable[[nn.Module], Any] | None = None,
+    model_dtype: str | None = None,
+    optimizer_states: int = 2,
+    extra_trainable: int = 0,
+    gpus: int = 1,
+    notes: list[str] | None = None,
+) -> Estimate:
+    """A Hugging Face LM: ``train`` is "full" (every weight), "adapters" (``adapt`` injects them into the frozen
+    model), "input" (frozen, gradients to its input: a soft prompt) or "none" (forward only)."""
+    model = build_on_meta(model_id)
+    inner: Any = getattr(model, "language_model", model)
+    stack = Stack.of(inner.config if hasattr(inner, "config") else model.config)
+    if train != "full":
+        model.requires_grad_(False)
+    if adapt is not None:
+        adapt(model)
+    dtype = compute_dtype(cfg, model_dtype)
+    w = MatmulWeights.of(inner, input_needs_grad=train == "input")
+    if inner is not model and not hasattr(inner, "lm_head") and hasattr(model, "lm_head"):
+        w.frozen += (
+            model.lm_head.weight.numel()
+        )  # a vision-language model: its LM's matmuls, the head included
+    total, trainable = n_params(model), n_params(model, True) + extra_trainable
+    store = DTYPE_BYTES["bf16"] if model_dtype in ("bfloat16", "float16") else 4
+    flops = lm_flops(w, stack, batch, seq, train=train != "none") * steps
+    if train == "none":
+        activations = (
+            batch * seq * (2 * stack.hidden * 4 + 3 * stack.intermediate * 2)
+        )  # one layer's, transient
+    else:
+        activations = lm_activation_bytes(
+            stack,
+            w,
+            batch,
+            seq,
+            dtype,
+            trained=train == "full",
+            fp32_residual=store == 4,
+            fp32_weights=store == 4,
+        )
+    train_bytes = store if train == "full" else 4
+    weights, grads, states = memory(total + extra_trainable, trainable, store, train_bytes, optimizer_states)
+    return Estimate(
+        [model_label(model_id, model)],
+        datasets,
+        total + extra_trainable,
+        trainable,
+        weights,
+        grads,
+        states,
+        activations,
+        flops * gpus,
+        steps_text,
+        dtype,
+        gpus,
+        notes=list(notes or []),
+    )
+
+
+def dataset_records(name: str, fallback: int | None = None) -> int | None:
+    return DATASETS[name].records if name in DATASETS else fallback
+
+
+def epochs_steps(cfg: Config, records: int, batch: int) -> int:
+    epochs = int(get(cfg, "trainer.max_epochs", 1))
+    per_epoch = math.ceil(records / batch)
+    limit = get(cfg, "trainer.limit_train_batches")
+    if isinstance(limit, int) and limit > 0:
+        per_epoch = min(per_epoch, limit)
+    steps = epochs * per_epoch
+    max_steps = int(get(cfg, "trainer.max_steps", -1) or -1)
+    return (
+        min(steps, max_steps * int(get(cfg, "trainer.accumulate_grad_batches", 1)))
+        if max_steps > 0
+        else steps
+    )
+
+
+# ---- adapter fine-tuning ------------------------------------------------------------------------
+def lokra(cfg: Config) -> Estimate:
+    from litlab.lit_modules.core.config import as_config
+    from litlab.lit_modules.peft.lokra import AdapterPlan, inject_lokra
+
+    m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args")
+    adapter = {k: v for k, v in (m.get("adapter") or {}).items() if k != "rank_plan"}
+    plan = as_config(AdapterPlan, adapter, "adapter")
+    batch, seq = int(d.get("batch_size", 16)), int(d.get("max_length", 256))
+    name = str(d.get("train_path", "zwhe99/commonsense_170k"))
+    records = dataset_records(name, dataset_records("zwhe99/commonsense_170k"))
+    assert records is not None
+    steps = epochs_steps(cfg, records - int(d.get("val_size", 0)), batch)
+    notes = ["sequences counted at max_length (padding included)"]
+    if (m.get("adapter") or {}).get("rank_plan"):
+        notes.append("a rank plan redistributes the same rank budget: counted at the uniform rank")
+    return lm_run(
+        m["backbone"],
+        cfg,
+        batch=batch,
+        seq=seq,
+        steps=steps,
+        steps_text=f"{steps:,} steps of {batch} x {seq} tokens",
+        datasets=[f"{name} ({records:,} records)"],
+        train="adapters",
+        adapt=lambda model: inject_lokra(model, m.get("mode", "lokra"), plan),
+        model_dtype=m.get("dtype"),
+        notes=notes,
+    )
+
+
+def spr_raft(cfg: Config) -> Estimate:
+    m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args") or {}
+    shape = MODEL_SHAPES[resolve_id(m["backbone"])].arch
+    hidden, head = int(shape["hidden_size"]), int(m.get("head_hidden", 64))
+    extra = int(m.get("prompt_len", 16)) * hidden + hidden + (hidden * head + head) + (head + 1)
+    prompt_tokens = int(d.get("max_prompt_tokens", d.get("max_length", 256)))
+    batch, seq = int(d.get("batch_size", 16)), prompt_tokens + int(m.get("prompt_len", 16)) + 8
+    records = dataset_records(str(d.get("task")), 10000) or 10000
+    steps = epochs_steps(cfg, records, batch)
+    return lm_run(
+        m["backbone"],
+        cfg,
+        batch=batch,
+        seq=seq,
+        steps=steps,
+        steps_text=f"{steps:,} steps of {batch} x {seq} tokens",
+        datasets=[str(d.get("dataset") or d.get("task") or "text-regression records")],
+        train="input",
+        model_dtype=m.get("dtype", "bfloat16"),
+        extra_trainable=extra,
+        notes=[
+            f"soft prompt + [REG] + head trainable; {records:,} records, sequences at the prompt bound; RAFT's "
+            f"grid of {d.get('grid_size', '?')} candidate values (decoded on the prompt's cache) not counted"
+        ],
+    )
+
+
+def gap_init(cfg: Config) -> Estimate:
+    from litlab.lit_modules.core.adapters import inject_adapters
+
+    m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args") or {}
+    rank = int(m.get("rank", 1))
+    batch, seq = int(d.get("batch_size", 16)), int(m.get("max_text_tokens", 32)) + 32  # 32 Q-Former queries
+    records = dataset_records("coco_karpathy")
+    assert records is not None
+    steps = epochs_steps(cfg, records, batch)
+
+    def adapt(model: Any) -> None:
+        targets = list(m.get("targets") or ["q_proj", "v_proj"])
+        inject_adapters(model.language_model, targets, rank=rank, alpha=float(m.get("alpha", rank)))
+
+    est = lm_run(
+        m["backbone"],
+        cfg,
+        batch=batch,
+        seq=seq,
+        steps=steps,
+        steps_text=f"{steps:,} steps of {batch} images x {seq} LM tokens",
+        datasets=[f"COCO Karpathy captions ({records:,})"],
+        train="adapters",
+        adapt=adapt,
+        model_dtype=m.get("dtype", "bfloat16"),
+        notes=[
+            "the LM's step by formula; the frozen ViT-g's forward on 257 tokens added as 2·(12·L·h²)·257 an "
+            "image; the Q-Former's 32 queries not counted"
+        ],
+    )
+    vision = MODEL_SHAPES[resolve_id(m["backbone"])].arch["vision_config"]
+    n_vision = 12 * vision["num_hidden_layers"] * vision["hidden_size"] ** 2  # attention + 4x MLP weights
+    est.flops += 2 * n_vision * 257 * batch * steps
+    return est
+
+
+# ---- training and fine-tuning of whole LMs ------------------------------------------------------
+def whole_lm(
+    cfg: Config, model_id: str, batch: int, seq: int, steps: int, datasets: list[str], **kw: Any
+) -> Estimate:
+    accumulate = int(get(cfg, "trainer.accumulate_grad_batches", 1))
+    return lm_run(
+        model_id,
+        cfg,
+        batch=batch,
+        seq=seq,
+        steps=steps * accumulate,
+        steps_text=f"{steps:,} optimiser steps x {accumulate} micro-batches of {batch} x {seq} tokens",
+        datasets=datasets,
+        train="full",
+        **kw,
+    )
+
+
+def diffract(cfg: Config) -> Estimate:
+    m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args") or {}
+    batch, seq = int(d.get("batch_size", 8)), int(d.get("block_size", 4096))
+    steps = int(get(cfg, "trainer.max_steps", 1000))
+    return whole_lm(
+        cfg,
+        m["backbone"],
+        batch,
+        seq,
+        steps,
+        [f"{d.get('domain', 'domain')} corpus"],
+        model_dtype=m.get("dtype"),
+    )
+
+
+def lock_in(cfg: Config) -> Estimate:
+    m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args") or {}
+    batch, seq = int(d.get("batch_size", 8)), int(d.get("block_size", d.get("max_length", 512)))
+    steps = int(get(cfg, "trainer.max_steps", 1000))
+    est = whole_lm(
+        cfg, m["backbone"], batch, seq, steps, [f"{d.get('domain', 'narrow task')} fine-tuning data"]
+    )
+    est.notes.append(
+        f"{batch} x {seq} tokens a step where the data config does not say; broad evaluation not counted"
+    )
+    return est
+
+
+def task_complexity(cfg: Config) -> Estimate:
+    m = get(cfg, "model.init_args")
+    plan = m.get("plan") or {}
+    batch, seq = int(plan.get("batch_size", 8)), 256
+    fits = len(plan.get("online_n") or []) + (1 if plan.get("lora_examples") else 0)
+    steps = int(plan.get("steps", 150)) * fits
+    est = lm_run(
+        m["backbone"],
+        cfg,
+        batch=batch,
+        seq=seq,
+        steps=steps,
+        steps_text=f"{fits} fits (online coding n in {plan.get('online_n')}, LoRA) x {plan.get('steps')} steps of "
+        f"{batch} x {seq} tokens",
+        datasets=["the task's examples"],
+        train="full",
+        model_dtype=m.get("dtype"),
+        notes=[
+            f"{seq} tokens an example assumed; the LoRA fit counted as a full one (an upper bound); ICL and "
+            "decoding (forward only) not counted"
+        ],
+    )
+    return est
+
+
+def scratch_lm(
+    cfg: Config,
+    numbers: dict[str, int],
+    label: str,
+    batch: int,
+    seq: int,
+    steps: int,
+    data: str,
+    gpus: int,
+    notes: list[str],
+    states: int = 2,
+) -> Estimate:
+    import torch
+
+    from litlab.lit_modules.core.models import tiny_llama
+
+    with torch.device("meta"):
+        model = tiny_llama(**numbers)
+    accumulate = int(get(cfg, "trainer.accumulate_grad_batches", 1))
+    stack = Stack.of(model.config)
+    w = MatmulWeights.of(model)
+    dtype = compute_dtype(cfg)
+    total = n_params(model)
+    flops = lm_flops(w, stack, batch, seq, train=True) * steps * accumulate * gpus
+    activations = lm_activation_bytes(stack, w, batch, seq, dtype, trained=True, fp32_residual=True)
+    weights, grads, optim = memory(total, total, 4, 4, states)
+    return Estimate(
+        [f"{label} (LlamaForCausalLM built from the config, from scratch)"],
+        [data],
+        total,
+        total,
+        weights,
+        grads,
+        optim,
+        activations,
+        flops,
+        f"{steps:,} optimiser steps x {accumulate} micro-batches of {batch} x {seq} tokens"
+        + (f" on each of {gpus} GPUs" if gpus > 1 else ""),
+        dtype,
+        gpus,
+        notes=notes,
+    )
+
+
+def salaad(cfg: Config) -> Estimate:
+    net, d = get(cfg, "model.init_args.net") or {}, get(cfg, "data.init_args") or {}
+    numbers = dict(
+        vocab_size=net["vocab_size"],
+        hidden_size=net["hidden_size"],
+        intermediate_size=net["intermediate_size"],
+        num_layers=net["num_layers"],
+        num_heads=net["num_heads"],
+        num_kv_heads=net.get("num_kv_heads") or net["num_heads"],
+        max_positions=net["max_positions"],
+    )
+    return scratch_lm(
+        cfg,
+        numbers,
+        f"LLaMA {net['hidden_size']}x{net['num_layers']}",
+        int(d.get("batch_size", 64)),
+        int(d.get("block_size", 256)),
+        int(get(cfg, "trainer.max_steps", 1)),
+        f"{d.get('dataset')} ({d.get('subset')}, streamed)",
+        1,
+        ["SALAAD's ADMM updates (SVD, projections) not counted"],
+    )
+
+
+def lordo(cfg: Config) -> Estimate:
+    net, d = get(cfg, "model.init_args.net") or {}, get(cfg, "data.init_args") or {}
+    numbers = dict(
+        vocab_size=net["vocab_size"],
+        hidden_size=net["d_model"],
+        intermediate_size=net["mlp_hidden"],
+        num_layers=net["n_layers"],
+        num_heads=net["n_heads"],
+        num_kv_heads=net["n_heads"],
+        max_positions=net["block_size"],
+    )
+    gpus = int(get(cfg, "trainer.devices", 1)) * int(get(cfg, "trainer.num_nodes", 1))
+    return scratch_lm(
+        cfg,
+        numbers,
+        f"LLaMA {net['d_model']}x{net['n_layers']}",
+        int(d.get("batch_size", 32)),
+        int(d.get("block_size", 1024)),
+        int(get(cfg, "trainer.max_steps", 1)),
+        f"{d.get('dataset')} ({d.get('subset')}, streamed)",
+        gpus,
+        ["optimiser state counted as AdamW's (an upper bound for the low-rank QH-AdamW)"],
+    )
+
+
+def prefill(cfg: Config) -> Estimate:
+    m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args") or {}
+    lengths = [int(x) for x in d.get("lengths", [4096])]
+    prompts = int(d.get("num_prompts", 1)) + int(d.get("calib_prompts", 0))
+    seq = max(lengths)
+    model_id = get(m, "lm.name")
+    est = lm_run(
+        model_id,
+        cfg,
+        batch=1,
+        seq=seq,
+        steps=prompts * len(lengths),
+        steps_text=f"{prompts} prompts x {lengths} tokens, prefill + {get(m, 'evaluation.max_new_tokens', 16)} "
+        "decoded tokens",
+        datasets=[f"passkey prompts at {lengths} tokens (generated)"],
+        train="none",
+        model_dtype=get(m, "lm.dtype"),
+    )
+    shape = MODEL_SHAPES[resolve_id(model_id)].arch
+    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+    kv_cache = 2 * shape["num_hidden_layers"] * seq * shape["num_key_value_heads"] * head_dim * 2
+    est.activations_bytes += kv_cache
+    est.notes.append(
+        f"memory includes the dense bf16 KV cache of one {seq}-token prompt ({kv_cache / 2**30:.1f} GiB); "
+        "only the last position's logits"
+    )
+    return est
+
+
+ESTIMATORS: dict[str, Callable[[Config], Estimate]] = {
+    "LoKRALanguageModel": lokra,
+    "SPRRAFT": spr_raft,
+    "GapInitLoRA": gap_init,
+    "GapInitCaptioning": gap_init,
+    "DiffractCPT": diffract,
+    "LockInFT": lock_in,
+    "TaskComplexity": task_complexity,
+    "SALAADLM": salaad,
+    "LoRDOLMModule": lordo,
+    "SALEPrefillModule": prefill,
+    "XKVCompressionModule": prefill,
+}
+
+
+def estimate(cfg: Config) -> Estimate:
+    """The estimate of one resolved full-scale config; ``KeyError`` naming the class when none is written."""
+    from litlab.full_plan_others import OTHER_ESTIMATORS
+
+    class_path = str(get(cfg, "model.class_path", ""))
+    name = class_path.rpartition(".")[2]
+    fn = ESTIMATORS.get(name) or OTHER_ESTIMATORS.get(name)
+    if fn is None:
+        family = class_path.split(".lit_modules.")[-1].split(".")[0]
+        fn = OTHER_ESTIMATORS.get(f"family:{family}")
+    if fn is None:
+        raise KeyError(f"no full-scale estimate for {class_path}: add one to litlab/full_plan_estimators.py")
+    return fn(cfg)
+
+
+def import_class(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
