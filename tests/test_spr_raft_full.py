@@ -176,6 +176,10 @@ def test_full_config_stand_in_fits_checkpoints_resumes_and_evaluates(stand_in, t
     base += ["--trainer.enable_progress_bar=false", "--run_id=stand-in"]  # one folder for both epochs counts
     first = LitlabCLI(args=["fit", *base, "--trainer.max_epochs=1"])
     assert first.trainer.global_step == 3 and first.model.hparams.raft_mode == "grid"
+    groups = first.trainer.optimizers[
+        0
+    ].param_groups  # spec §3.3: 3e-3 for P and e_REG, 1e-3 for the head, cosine
+    assert [g["initial_lr"] for g in groups] == [3e-3, 1e-3] and groups[1]["lr"] < 1e-3  # decayed
     metrics = first.trainer.callback_metrics
     assert float(metrics["check/backbone_max_change"]) == 0.0
     for key in ("train/loss_ce", "train/loss_raft", "train/loss_reg", "val/mae", "val/mae_grid", "test/mae"):

@@ -43,6 +43,7 @@ from litlab.lit_modules.core.contracts import check_protocol
 from litlab.lit_modules.core.models import TinyGPT
 from litlab.lit_modules.core.pretrain import train_and_cache
 from litlab.lit_modules.core.results import CardResult, ReportExtras
+from litlab.lit_modules.core.schedules import warmup_then_decay_lr
 from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.peft.contract import NumericSplits, RegressionText, SyntheticRecords
 from litlab.lit_modules.peft.spr_raft_full import SMOLLM2_HIDDEN as SMOLLM2_HIDDEN  # re-exported for tests
@@ -153,8 +154,10 @@ class SPRRAFT(L.LightningModule):
     ``backbone``: ``"tiny_char_gpt"``, ``"smollm2"`` or a Hugging Face causal LM (id or folder), loaded in
     ``backbone_dtype``. ``raft_mode`` is (4)'s form in training: ``"digits"`` (teacher-forced digit
     distributions; unsigned integer answers) or ``"grid"`` (the grid expectation over ``raft_grid``, Hugging Face
-    backbones; any answer format, e.g. signed decimals); inference always uses the grid. AdamW
-    ``lr``, ``weight_decay`` on the head only, gradient clipping by the Trainer. Logged on each evaluation loader
+    backbones; any answer format, e.g. signed decimals); inference always uses the grid. AdamW at ``lr`` for P and
+    e_REG, ``head_lr`` (None: ``lr``) for the head; ``warmup_fraction`` None keeps them constant, a number warms up
+    linearly over that fraction of the run's optimizer steps, then decays them along a cosine to 0 (spec §3.3: 0.05).
+    ``weight_decay`` on the head only, gradient clipping by the Trainer. Logged on each evaluation loader
     (``val/…``, ``test/…``: the DataModule's ``eval_splits``): ``mae`` (of the ``predict_with`` prediction),
     ``mae_head``, ``mae_grid``, ``mae_argmax``, ``mae_mean`` (of head and grid), ``rmse_head``, ``r2_head``; and
     ``check/backbone_max_change`` (max |θ − θ₀| over the frozen backbone: 0 when frozen).
@@ -180,12 +183,16 @@ class SPRRAFT(L.LightningModule):
         backbone: str = TINY_CHAR_GPT,
         backbone_dtype: str = "float32",
         raft_mode: Literal["digits", "grid"] = "digits",
+        head_lr: float | None = None,
+        warmup_fraction: float | None = None,
     ):
         super().__init__()
         if min(lambda_ce, lambda_raft, lambda_reg) < 0 or lambda_ce + lambda_raft + lambda_reg == 0:
             raise ValueError("the loss weights must be >= 0 and not all 0")
         if prompt_len < 0:
             raise ValueError(f"prompt_len must be >= 0, got {prompt_len}")
+        if warmup_fraction is not None and not 0 <= warmup_fraction < 1:
+            raise ValueError(f"warmup_fraction must be in [0, 1) or None, got {warmup_fraction}")
         self.save_hyperparameters()
         self.hf = backbone != TINY_CHAR_GPT
         if raft_mode == "grid" and not self.hf:
@@ -438,7 +445,13 @@ class SPRRAFT(L.LightningModule):
             {"params": [self.soft_prompt, self.reg_embedding], "weight_decay": 0.0},
             {"params": list(self.head.parameters()), "weight_decay": hp.weight_decay},
         ]
-        return torch.optim.AdamW(groups, lr=hp.lr, betas=(0.9, 0.999))
+        groups[1]["lr"] = hp.lr if hp.head_lr is None else hp.head_lr
+        opt = torch.optim.AdamW(groups, lr=hp.lr, betas=(0.9, 0.999))
+        if hp.warmup_fraction is None:
+            return opt
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        sched = warmup_then_decay_lr(opt, warmup_steps=round(hp.warmup_fraction * total), total_steps=total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
 class RegressionBaseline(L.LightningModule):
