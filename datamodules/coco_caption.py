@@ -178,7 +178,9 @@ class CocoKarpathyCaptionDataModule(L.LightningDataModule):
         return out
 
     # ---- loaders -----------------------------------------------------------------------------------------
-    def _loader(self, records, batch_size: int, evaluation: bool, sampler=None) -> DataLoader:
+    def _loader(
+        self, records, batch_size: int, evaluation: bool, sampler=None, persistent=False
+    ) -> DataLoader:
         if self._encode is None:
             raise RuntimeError(
                 f"{type(self).__name__}: no batch encoder; the method hands its backbone's over with "
@@ -191,7 +193,7 @@ class CocoKarpathyCaptionDataModule(L.LightningDataModule):
             sampler=sampler,
             collate_fn=_Collate(self._encode, with_references=evaluation),
             num_workers=workers,
-            persistent_workers=workers > 0 and not evaluation,
+            persistent_workers=persistent and workers > 0,  # the training loader's, every epoch
         )
 
     def calibration_dataloader(self) -> DataLoader:
@@ -206,7 +208,9 @@ class CocoKarpathyCaptionDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         pairs = self.pairs()
         sampler = EpochPermutation(len(pairs), derive_seed("batches"))
-        return self._loader(pairs, self.hparams.batch_size, evaluation=False, sampler=sampler)
+        return self._loader(
+            pairs, self.hparams.batch_size, evaluation=False, sampler=sampler, persistent=True
+        )
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(

@@ -317,8 +317,10 @@ class GapInitCaptioning(L.LightningModule):
 
     # ---- checkpoints: what trains, not the public backbone -----------------------------------------------
     def _own_keys(self, state: dict[str, Tensor]) -> list[str]:
+        """The adapter factors and the init statistics (no branch is ever merged here, so the adapters' merge
+        records, their ``_extra_state``, are empty and stay out)."""
         trainable = {n for n, p in self.named_parameters() if p.requires_grad}
-        return [k for k in state if k in trainable or k.startswith("init_") or k.endswith("._extra_state")]
+        return [k for k in state if k in trainable or k.startswith("init_")]
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["state_dict"]
