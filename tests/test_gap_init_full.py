@@ -11,6 +11,7 @@ the frozen model's hidden states (spec §3.2) and the init rules (§3.3): only t
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
@@ -106,6 +107,24 @@ def test_coco_karpathy_layout_and_blip2_batches(stand_in, monkeypatch):
     assert pre_caption('A man, "riding" a horse.  ') == "a man, riding a horse"
     calib = list(dm.calibration_dataloader())
     assert sum(len(b["input_ids"]) for b in calib) == 8 and "references" not in calib[0]
+
+
+def test_cider_d_on_hand_computed_cases():
+    """CIDEr-D ×10: a caption equal to its one reference scores 10 (every order's cosine is 1); "a b" against
+    "a b c d", with "a" in both images' references (idf 0): 1/√3 at orders 1 and 2, nothing at 3 and 4, the length
+    penalty on bigram counts 1 vs 3, so 10 · (2/√3) · exp(−4/72) / 4; words shared by no reference score 0."""
+    from litlab.lit_modules.peft.blip2_captioning import cider_d
+
+    refs = [["a b c d"], ["a e f g"]]
+    assert cider_d(["a b c d", "a e f g"], refs) == pytest.approx(10.0)
+    hand = 10 * (2 / 3**0.5) * math.exp(-4 / 72) / 4
+    assert cider_d(["a b", "a e f g"], refs) == pytest.approx((hand + 10) / 2)
+    assert cider_d(["x y z", "q r"], refs) == 0.0
+    # several references: the mean over them; a caption equal to one of two distinct references scores below 10
+    two = cider_d(["a b c d", "a e f g"], [["a b c d", "h i j k"], ["a e f g", "l m n o"]])
+    assert 0 < two < 10
+    with pytest.raises(ValueError, match="one reference list per candidate"):
+        cider_d(["a"], [])
 
 
 def independent_gaps(model, dm) -> dict[int, torch.Tensor]:
@@ -219,7 +238,15 @@ def test_full_config_fits_checkpoints_the_factors_resumes_and_tests(stand_in, tm
     first = LitlabCLI(args=["fit", *common])
     assert first.trainer.global_step == 2
     metrics = first.trainer.callback_metrics
-    for key in ("val/loss", "val/token_acc", "val/bleu4", "init/cos_B_g", "init/gap_norm", "init/max_delta"):
+    for key in (
+        "val/loss",
+        "val/token_acc",
+        "val/bleu4",
+        "val/cider",
+        "init/cos_B_g",
+        "init/gap_norm",
+        "init/max_delta",
+    ):
         assert torch.isfinite(metrics[key]), key
     ckpt = first.run_dir / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
@@ -235,8 +262,8 @@ def test_full_config_fits_checkpoints_the_factors_resumes_and_tests(stand_in, tm
 
     test = LitlabCLI(args=["test", *common, f"--ckpt_path={resumed.run_dir / 'checkpoints' / 'last.ckpt'}"])
     got = test.trainer.callback_metrics
-    assert {"test/loss", "test/token_acc", "test/bleu4"} <= set(got)
-    assert all(torch.isfinite(got[k]) for k in ("test/loss", "test/token_acc", "test/bleu4"))
+    keys = ("test/loss", "test/token_acc", "test/bleu4", "test/cider")
+    assert set(keys) <= set(got) and all(torch.isfinite(got[k]) for k in keys)
 
 
 def test_full_config_fails_at_once_offline_naming_the_model(tmp_path, monkeypatch):

@@ -28,8 +28,9 @@ as BLIP does (lower case, punctuation dropped, at most 50 words) and ended by "\
 decay 0.05), linear warm-up then cosine decay; beam-search decoding (5 beams, 8 to 30 new tokens) for the
 caption metric. The LoRA learning rate 2e-4 on a 2.7B model is the spec's (reconstructed). Metrics: the
 validation loss, teacher-forced token accuracy on the caption and BLEU-4 of the decoded captions against every
-reference (torchmetrics, on lower-cased words without punctuation; not the COCO toolkit's PTB tokenisation, so
-close to but not equal to the paper's BLEU-4; CIDEr is not computed here).
+reference (torchmetrics) and CIDEr-D (``blip2_captioning.cider_d``, the COCO evaluation code's algorithm), both on
+lower-cased words without punctuation: not the COCO toolkit's PTB tokeniser, so close to but not exactly the
+paper's numbers.
 
 Checkpoints hold only what trains (the adapter factors) and the init statistics: the frozen backbone is the
 public one the config names, never copied into run folders. The model is BLIP-2 specific: the image tokens are
@@ -58,6 +59,7 @@ from litlab.lit_modules.peft.blip2_captioning import (
     DECODING,
     CaptionEncoder,
     Decoding,
+    cider_d,
     metric_words,
     pre_caption,
     write_coco_karpathy,
@@ -82,7 +84,7 @@ class GapInitCaptioning(L.LightningModule):
     fine-tuned on captions. Reads ``trainer.datamodule`` through ``litlab.lit_modules.peft.contract.CaptionedImages``
     (the project's: ``litlab.datamodules.coco_caption.CocoKarpathyCaptionDataModule``).
 
-    Logs ``train/loss``; ``val/loss``, ``val/token_acc``, ``val/bleu4`` (``test/…`` alike); under ``init: gap``
+    Logs ``train/loss``; ``val/loss``, ``val/token_acc``, ``val/bleu4``, ``val/cider`` (``test/…`` alike); under ``init: gap``
     also ``init/cos_B_g`` (mean cos(B[:, 0], ĝ_l) over the adapted modules), ``init/gap_norm`` (mean over layers
     of ‖mean_i g_{i,l}‖) and, for every rule, ``init/max_delta`` (max |ΔW| over the modules right after the
     initialisation: 0, the adapter is a no-op at step 0)."""
@@ -146,6 +148,9 @@ class GapInitCaptioning(L.LightningModule):
         for name in ("init_cos_B_g", "init_gap_norm", "init_max_delta"):
             self.register_buffer(name, torch.tensor(float("nan")))
         self.val_bleu, self.test_bleu = BLEUScore(n_gram=4), BLEUScore(n_gram=4)
+        self.decoded: list[
+            tuple[str, list[str]]
+        ] = []  # (caption, references) of the evaluation epoch: CIDEr-D
 
     # ---- setup: adapters (3), the data-free rules at once ---------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -278,16 +283,40 @@ class GapInitCaptioning(L.LightningModule):
         correct = (out.logits[:, :-1].argmax(-1) == target) & scored
         self.log(f"{stage}/loss", out.loss, batch_size=n_tokens, sync_dist=True)
         self.log(f"{stage}/token_acc", correct.sum() / n_tokens, batch_size=n_tokens, sync_dist=True)
-        bleu.update(
-            [metric_words(c) for c in self.captions(batch["pixel_values"])],
-            [[metric_words(r) for r in refs] for refs in batch["references"]],
-        )
-        self.log(f"{stage}/bleu4", bleu, batch_size=len(batch["references"]))
+        decoded = [metric_words(c) for c in self.captions(batch["pixel_values"])]
+        refs = [[metric_words(r) for r in rs] for rs in batch["references"]]
+        bleu.update(decoded, refs)
+        self.log(f"{stage}/bleu4", bleu, batch_size=len(refs))
+        self.decoded += zip(decoded, refs)
         if stage == "val" and self.hparams.init == "gap":
             for key in ("cos_B_g", "gap_norm"):
                 self.log(f"init/{key}", getattr(self, f"init_{key}"), batch_size=1)
         if stage == "val":
             self.log("init/max_delta", self.init_max_delta, batch_size=1)
+
+    def on_validation_epoch_start(self) -> None:
+        self.decoded = []
+
+    def on_test_epoch_start(self) -> None:
+        self.decoded = []
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_cider("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_cider("test")
+
+    def _log_cider(self, stage: str) -> None:
+        """CIDEr-D over the epoch's images (its document frequencies are corpus-level: every rank's captions)."""
+        pairs = self.decoded
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            gathered: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, pairs)
+            pairs = [p for part in gathered for p in part]
+        if pairs:
+            self.log(
+                f"{stage}/cider", cider_d([c for c, _ in pairs], [r for _, r in pairs]), batch_size=len(pairs)
+            )
 
     @torch.no_grad()
     def captions(self, pixel_values: Tensor) -> list[str]:
