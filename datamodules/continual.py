@@ -330,6 +330,11 @@ class ContinualDataModule(L.LightningDataModule):
             self._dataset(self.test_sets, t), batch_size=batch_size, num_workers=self.hparams.num_workers
         )
 
+    def test_dataloader(self) -> list[DataLoader]:
+        """``litlab test``: every task's test set, one loader per task (Lightning's ``dataloader_idx`` is the
+        task)."""
+        return [self.task_test_loader(t) for t in range(self.num_tasks)]
+
 
 # ---- full scale: user-provided image folders --------------------------------------------------------------
 def _check_folder(benchmark: str, data_root: str | None) -> None:

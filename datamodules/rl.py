@@ -80,6 +80,8 @@ class Scaling:
 
 
 OFFLINE_DATA, ALL_TRANSITIONS, UNSCALED = OfflineData(), DemoSelection(), Scaling()
+# ``litlab test``: evaluation episodes of a restored policy (D4RL's count, as the full configs' RLEvalCallback)
+TEST_EPISODES = 10
 
 
 class StepIndexDataset(IterableDataset):
@@ -335,6 +337,10 @@ class RLDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(StepIndexDataset(self), batch_size=None, num_workers=0)
+
+    def test_dataloader(self) -> DataLoader:
+        """``litlab test``: the indices of the evaluation episodes, one per batch (the module plays each)."""
+        return DataLoader(torch.arange(TEST_EPISODES), batch_size=None, num_workers=0)
 
     # ---- checkpointing ---------------------------------------------------------------------------
     def state_dict(self) -> dict:

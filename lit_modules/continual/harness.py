@@ -246,6 +246,28 @@ class SequentialLoRA(L.LightningModule):
         logs = self.cl_step(batch, self._optimizer(), self.manual_backward)
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, prog_bar=False)
 
+    # ---- evaluating a checkpoint (``litlab test``) ------------------------------------------------
+    def on_test_epoch_start(self) -> None:
+        self._test_counts = torch.zeros(2, dtype=torch.long)  # correct, seen over every task's test set
+
+    def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """The restored model's predictions (``cl_predict``: NCM or the cosine head, as in the fit) on task
+        ``dataloader_idx``'s test set: ``test/acc_task<j>`` per task, ``test/acc`` over all of them (at the
+        fit's last checkpoint, the last row of the accuracy matrix and its ACC over samples)."""
+        x, y = batch
+        correct = (self.cl_predict(x) == y).sum().cpu()
+        self._test_counts += torch.stack([correct, torch.tensor(len(y))])
+        self.log(
+            f"test/acc_task{dataloader_idx}",
+            correct.float() / len(y),
+            batch_size=len(y),
+            add_dataloader_idx=False,
+        )
+
+    def on_test_epoch_end(self) -> None:
+        correct, seen = self._test_counts.tolist()
+        self.log("test/acc", correct / max(seen, 1))
+
     # ---- task boundaries -----------------------------------------------------------------------
     def on_fit_start(self) -> None:
         trainer, dm = self.trainer, self.trainer.datamodule

@@ -17,7 +17,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.utilities import rank_zero_warn
 
 from litlab.lit_modules.core.seeding import derive_seed
-from litlab.lit_modules.rl.contract import RLData, check_rl_data
+from litlab.lit_modules.rl.contract import RLData, check_rl_data, evaluate
 
 
 @contextlib.contextmanager
@@ -75,6 +75,21 @@ class RLModule(L.LightningModule):
         [1.04, 1.18]. Single rounds scatter by ±20 % there, so the two are not told apart by their means."""
         for i in self.data.chunk(idx):
             self.run_iteration(i)
+
+    def test_step(self, episode: torch.Tensor, batch_idx: int) -> None:
+        """``litlab test``: one deterministic evaluation episode of the restored policy per batch, reset with the
+        seed ``RLEvalCallback``'s episode of that index has (the run's ``eval`` stream); ``test/return`` is the
+        mean over the episodes."""
+        dm = self.data
+        (ret,) = evaluate(
+            lambda o: self.act(o.to(self.device), deterministic=True),
+            dm.env_id,
+            1,
+            derive_seed("eval") + int(episode),
+            dm.obs_scale,
+            dm.env_kwargs,
+        )
+        self.log("test/return", ret, batch_size=1)
 
     @property
     def steps_per_batch(self) -> int:

@@ -36,14 +36,17 @@ def uniform_policy(act_dim: int, gen: torch.Generator) -> Policy:
 
 def write_offline_file(path: Path, env_id: str, level: str) -> Path:
     """``TRANSITIONS[env_id]`` transitions in D4RL layout: uniform-random actions, except Pendulum's ``expert``
-    level, which the analytic swing-up controller plays (as ``litlab data d4rl`` does for it). Deterministic: the
-    env resets and the actions come from seed 0."""
+    level, which the analytic swing-up controller plays (as ``litlab data d4rl`` does for it). Hopper's ``expert``
+    level is one episode that never ends unhealthy (NGT's config: ``terminate_when_unhealthy: false``, as its
+    expert demos of 1000 steps), so every subsampling offset keeps a few transitions. Deterministic: the env
+    resets and the actions come from seed 0."""
     if path.exists():
         return path
     act_dim = 3 if env_id == CONFIG_ENV else 1
     expert = env_id == FALLBACK_ENV and level == "expert"
     policy = pendulum_swingup if expert else uniform_policy(act_dim, torch.Generator().manual_seed(0))
-    data = rollout(policy, env_id, TRANSITIONS[env_id], seed=0)
+    env_kwargs = {"terminate_when_unhealthy": False} if level == "expert" and env_id == CONFIG_ENV else None
+    data = rollout(policy, env_id, TRANSITIONS[env_id], seed=0, env_kwargs=env_kwargs)
     returns = data.pop("_returns")
     metadata = {
         "algorithm": "analytic swing-up + PD controller" if expert else "uniform random (stand-in)",
