@@ -204,6 +204,23 @@ def test_the_init_rule_changes_only_the_lora_factors_and_starts_as_a_no_op(stand
         factors[init] = {k: state[k] for k in sorted(own)}
         trainable = {n for n, p in m.named_parameters() if p.requires_grad}
         assert trainable == {f"model.{k}" for k in own}, init
+    # a checkpoint of another adapter layout is refused by name, not loaded in part (loading is not strict)
+    from litlab.lit_modules.core.errors import CheckpointError
+
+    gap_model = built["gap"][0]
+    saved = {"state_dict": dict(gap_model.state_dict())}
+    gap_model.on_save_checkpoint(saved)
+    assert set(saved["state_dict"]) == {f"model.{k}" for k in factors["gap"]} | {
+        "init_cos_B_g",
+        "init_gap_norm",
+        "init_max_delta",
+    }
+    one_less = {k: v for k, v in saved["state_dict"].items() if "v_proj" not in k}
+    with pytest.raises(CheckpointError, match=r"lacks 4 adapter tensors .*v_proj"):
+        built["peft_default"][0].on_load_checkpoint({"state_dict": one_less})
+    surplus = {**saved["state_dict"], "model.extra.branches.default.A": torch.zeros(1)}
+    with pytest.raises(CheckpointError, match=r"has surplus 1 adapter tensors .*extra"):
+        built["peft_default"][0].on_load_checkpoint({"state_dict": surplus})
     for name in factors["gap"]:
         a_or_b = name.rsplit(".", 1)[1]
         peft, rev = factors["peft_default"][name], factors["reverse_random"][name]

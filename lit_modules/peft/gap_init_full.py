@@ -356,12 +356,16 @@ class GapInitCaptioning(L.LightningModule):
         checkpoint["state_dict"] = {k: state[k] for k in self._own_keys(state)}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        missing = [k for k in self._own_keys(self.state_dict()) if k not in checkpoint["state_dict"]]
-        if missing:
-            raise CheckpointError(
-                f"the checkpoint lacks {len(missing)} of this model's adapter tensors (first: {missing[0]!r}); "
-                f"it was not written by {type(self).__name__} with these targets {self.targets} and this backbone"
-            )
+        """Refuse a checkpoint whose tensors are not exactly this model's own (loading is not strict: the frozen
+        backbone is not in it, so Lightning would pass over a missing or a surplus adapter tensor in silence)."""
+        own, saved = set(self._own_keys(self.state_dict())), set(checkpoint["state_dict"])
+        for what, keys in (("lacks", sorted(own - saved)), ("has surplus", sorted(saved - own))):
+            if keys:
+                raise CheckpointError(
+                    f"the checkpoint {what} {len(keys)} adapter tensors (first: {keys[0]!r}) for "
+                    f"{type(self).__name__} with targets {self.targets}, rank {self.hparams.rank} on "
+                    f"{self.hparams.backbone!r}: it was written by another model"
+                )
         self.initialised = True  # the factors come from the checkpoint
 
 
