@@ -135,22 +135,22 @@ def _commonsense_stand_in(workdir: Path, folder_name: str, model_dir_writer) -> 
     generator = torch.Generator().manual_seed(0)
     model_dir = workdir / folder_name
     model_dir_writer(model_dir, generator)
-    data = write_commonsense_json(workdir / "commonsense_170k.json", 16, generator)
-    return fit_overrides(max_epochs=2, batch=4) + [
+    data = write_commonsense_json(workdir / "commonsense_170k.json", 10, generator)
+    return fit_overrides(max_epochs=1, batch=4) + [
         f"--model.init_args.backbone={model_dir}",
         "--model.init_args.dtype=float32",
         "--model.init_args.adapter.rank=4",
         f"--data.init_args.model_id={model_dir}",
         f"--data.init_args.train_path={data}",
         "--data.init_args.max_length=512",
-        "--data.init_args.val_size=4",
+        "--data.init_args.val_size=2",
         "--data.init_args.num_workers=0",
     ]
 
 
 def stand_in_lokra(workdir: Path) -> list[str]:
     """configs/lokra/full.yaml on a tiny Meta-Llama-3-8B-shaped ``LlamaForCausalLM`` (2 KV heads for 4 query heads,
-    θ = 500 000) and 16 Commonsense170K-layout records (12 train, 4 val): 2 epochs of 3 steps of 4, rank 4."""
+    θ = 500 000) and 10 Commonsense170K-layout records (8 train, 2 val): one epoch of 2 steps of 4, rank 4."""
 
     def write(folder: Path, generator: torch.Generator) -> None:
         write_tiny_llama(folder, write_byte_level_tokenizer(folder, "llama3"), generator, 2, 500000.0)
@@ -160,7 +160,7 @@ def stand_in_lokra(workdir: Path) -> list[str]:
 
 def stand_in_csplora(workdir: Path) -> list[str]:
     """configs/csplora/full.yaml on a tiny LLaMA-2-7B-shaped ``LlamaForCausalLM`` (multi-head attention, θ = 10 000,
-    a ``LlamaTokenizer``) and the same 16 records: 2 epochs of 3 steps of 4, LoRA rank 4 on its seven projections."""
+    a ``LlamaTokenizer``) and the same 10 records: one epoch of 2 steps of 4, LoRA rank 4 on its seven projections."""
 
     def write(folder: Path, generator: torch.Generator) -> None:
         write_tiny_llama(folder, write_char_llama_tokenizer(folder), generator, 4, 10000.0)
