@@ -8,6 +8,7 @@ docstrings differ), so compare losses only between runs on the same Python.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
@@ -147,6 +148,11 @@ class HubTextDataModule(L.LightningDataModule):
     Needs the optional ``datasets`` package, the Hub (or the data in the ``datasets`` cache with HF_HUB_OFFLINE=1)
     and the tokenizer. Anything missing raises ``DatasetUnavailableError``/``ModelUnavailableError`` at
     construction, before any model or process is started, saying what to get.
+
+    ``local_dir``: a local copy of the data set's files in its Hub layout (allenai/c4:
+    ``<local_dir>/en/c4-train.*.json.gz`` and ``c4-validation.*.json.gz``, e.g. from ``hf download allenai/c4
+    --repo-type dataset --include "en/c4-validation.0000*" --local-dir <local_dir>``), streamed by the same
+    ``datasets`` loader from the ``subset`` folder, the split found from the file names; the Hub is not asked.
     """
 
     def __init__(
@@ -160,6 +166,7 @@ class HubTextDataModule(L.LightningDataModule):
         val_split: str = "validation",
         val_batches: int = 50,
         num_workers: int = 1,
+        local_dir: str | None = None,
     ) -> None:
         super().__init__()
         if block_size <= 0 or batch_size <= 0:
@@ -172,7 +179,16 @@ class HubTextDataModule(L.LightningDataModule):
             raise DatasetUnavailableError(
                 f"data set {dataset!r} is streamed with the optional `datasets` package: pip install datasets"
             ) from err
-        check_hub_dataset(dataset, "stream", f"; otherwise:\n{download_instructions(dataset, 'dataset')}")
+        if local_dir is not None:
+            folder = Path(local_dir).expanduser() / (subset or "")
+            if not folder.is_dir() or not any(p.is_file() for p in folder.iterdir()):
+                raise DatasetUnavailableError(
+                    f"local_dir {local_dir!r}: {folder} holds no file of data set {dataset!r} (expected its Hub "
+                    f"layout, e.g. for allenai/c4 en/c4-train.00000-of-01024.json.gz); to get part of it:\n"
+                    f"{download_instructions(dataset, 'dataset')}"
+                )
+        else:
+            check_hub_dataset(dataset, "stream", f"; otherwise:\n{download_instructions(dataset, 'dataset')}")
         self.tokenizer = load_tokenizer(tokenizer)  # ModelUnavailableError at once when it cannot be had
 
     def _stream(self, split: str):
@@ -180,7 +196,10 @@ class HubTextDataModule(L.LightningDataModule):
         from datasets.distributed import split_dataset_by_node
 
         hp = self.hparams
-        stream = datasets.load_dataset(hp.dataset, hp.subset, split=split, streaming=True)
+        if hp.local_dir is not None:  # the files of the Hub's subset folder, the split from their names
+            stream = datasets.load_dataset(hp.local_dir, data_dir=hp.subset, split=split, streaming=True)
+        else:
+            stream = datasets.load_dataset(hp.dataset, hp.subset, split=split, streaming=True)
         if self.trainer is not None and self.trainer.world_size > 1:
             stream = split_dataset_by_node(
                 stream, rank=self.trainer.global_rank, world_size=self.trainer.world_size
