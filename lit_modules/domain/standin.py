@@ -21,8 +21,9 @@ IMAGE_SIZE = 64  # a ResNet's last feature map is then 2 x 2: batch norm sees mo
 OFFICE31_DOMAINS = ("amazon", "dslr", "webcam")
 OFFICE31_CLASSES = ("back_pack", "bike", "calculator")
 OFFICE31_PER_CLASS = 3
-# dSprites domains of the config (color -> noisy) and RSD's image-list lines: <path> <scale> <x> <y>
-DSPRITES_DOMAINS = ("color", "noisy")
+# dSprites' three domains (the config's color -> noisy, and scream for the C -> S task) and RSD's image-list
+# lines: <path> <scale> <x> <y>
+DSPRITES_DOMAINS = ("color", "noisy", "scream")
 DSPRITES_PER_DOMAIN = 24  # a 70/30 target split of 16 / 8 images: more than the density's k = 10 neighbours
 
 
@@ -54,14 +55,13 @@ def write_dsprites_lists(root: Path) -> Path:
 
 def stand_in_u3cf(workdir: Path) -> list[str]:
     """U³CF's full config (Office-31 amazon -> dslr, webcam; ResNet-50): 2 source iterations, 2 curriculum
-    iterations per target, 2 causal iterations, batches of 4, 16-wide bottleneck, latent and graph edges."""
+    iterations per target, 2 causal iterations, batches of 4, a 16-wide bottleneck and latent."""
     data = write_office31(workdir / "office31")
     return [
         "--trainer.accelerator=cpu",
         "--trainer.log_every_n_steps=1",
         # one mapping, merged into the config's: the dotted form would turn null into the string 'None'
         "--model.init_args.net={backbone_weights: null, feat_dim: 16, latent: 16}",
-        "--model.init_args.graph.edge_features=16",
         "--model.init_args.source_stage.iters=2",
         "--model.init_args.source_stage.batch_size=4",
         "--model.init_args.curriculum.iters_per_target=2",
