@@ -35,7 +35,7 @@ def arg(args: list[str], key: str) -> str:
     return next(a.split("=", 1)[1] for a in args if a.startswith(f"--{key}="))
 
 
-def build(stand_in, init: str, monkeypatch):
+def build(stand_in, init: str, monkeypatch, **kwargs):
     """The module and data module of the full config, on the stand-in, as LightningCLI builds them."""
     from litlab.datamodules.coco_caption import CocoKarpathyCaptionDataModule
     from litlab.lit_modules.peft.gap_init_full import GapInitCaptioning
@@ -48,6 +48,7 @@ def build(stand_in, init: str, monkeypatch):
         dtype="float32",
         init=init,
         decoding={"max_new_tokens": 3, "min_new_tokens": 1, "num_beams": 1},
+        **kwargs,
     )
     dm = CocoKarpathyCaptionDataModule(
         data_root=arg(args, "data.init_args.data_root"),
@@ -234,6 +235,31 @@ def test_the_init_rule_changes_only_the_lora_factors_and_starts_as_a_no_op(stand
                 )
                 < 0.9
             )
+
+
+@pytest.mark.parametrize("mismatch", ["map", "default"])
+def test_a_module_of_another_width_maps_the_gap_through_its_weight_or_takes_peft_default(
+    mismatch, stand_in, monkeypatch
+):
+    """OPT's fc1 (d -> ffn width): ``map`` puts normalise(W₀ ĝ_l) in B[:, 0] with A = 0 (reconstructed rule),
+    ``default`` PEFT's Kaiming A and B = 0; either way a no-op at step 0."""
+    from litlab.lit_modules.core.adapters import find_adapters
+    from litlab.lit_modules.peft.gap_init_full import LAYER
+
+    model, dm = build(stand_in, "gap", monkeypatch, targets=["fc1"], mismatch=mismatch)
+    initialise(model, dm)
+    expected = independent_gaps(model, dm)
+    adapters = find_adapters(model.model)
+    assert len(adapters) == 2 and float(model.init_max_delta) == 0.0
+    for name, layer in adapters.items():
+        branch, W0 = layer.branches["default"], layer.base.weight
+        assert W0.shape[0] != W0.shape[1]  # the gap's width is d, the module writes ffn
+        if mismatch == "map":
+            mapped = W0 @ expected[int(LAYER.search(name).group(1))]
+            assert torch.equal(branch.A, torch.zeros_like(branch.A))
+            assert float(torch.nn.functional.cosine_similarity(branch.B[:, 0], mapped, dim=0)) > 1 - 1e-5
+        else:
+            assert branch.A.abs().sum() > 0 and branch.B.abs().sum() == 0
 
 
 def test_full_config_fits_checkpoints_the_factors_resumes_and_tests(stand_in, tmp_path, monkeypatch):

@@ -22,11 +22,14 @@ gap (the input of block l, as above), which positions are "text" (prompt and cap
 rank > 1 and output-width-mismatch rules (``mismatch``: ``map`` B[:, 0] = normalise(W₀ ĝ), ``default``: PEFT's),
 and the backbone and data (BLIP-2 OPT-2.7B on COCO Karpathy: our choice, the paper's backbones are not known).
 
-The backbone's recipe (BLIP-2, Li et al., arXiv 2301.12597, §4.2 image captioning and its fine-tuning
-hyper-parameters): the prompt "a photo of" before the caption, masked out of the loss; captions pre-processed
-as BLIP does (lower case, punctuation dropped, at most 50 words) and ended by "\\n"; AdamW (β 0.9, 0.999, weight
-decay 0.05), linear warm-up then cosine decay; beam-search decoding (5 beams, 8 to 30 new tokens) for the
-caption metric. The LoRA learning rate 2e-4 on a 2.7B model is the spec's (reconstructed). Metrics: the
+The backbone's recipe (BLIP-2, Li et al., arXiv 2301.12597, §4.2 image captioning and its table of captioning
+fine-tuning hyper-parameters): the prompt "a photo of" before the caption, masked out of the loss; AdamW (β 0.9,
+0.999, weight decay 0.05), 1000 warm-up steps then cosine decay, 5 epochs, batch 256 (the config); beam search with
+5 beams for the caption metric. Captions are pre-processed as BLIP does (lower case, punctuation dropped, at most
+50 words) and end with a newline, as the authors' released training code has it (reconstructed); the decoded
+length bounds (8 to 30 new tokens) are ours; the LoRA learning rate 2e-4 on a 2.7B model is the spec's
+(reconstructed). Deviations: the HF processor's 224 px images (the paper fine-tunes at 364 px, with the ViT and
+Q-Former trainable; here everything but the adapters is frozen, the point of the method). Metrics: the
 validation loss, teacher-forced token accuracy on the caption and BLEU-4 of the decoded captions against every
 reference (torchmetrics) and CIDEr-D (``blip2_captioning.cider_d``, the COCO evaluation code's algorithm), both on
 lower-cased words without punctuation: not the COCO toolkit's PTB tokeniser, so close to but not exactly the
@@ -84,10 +87,11 @@ class GapInitCaptioning(L.LightningModule):
     fine-tuned on captions. Reads ``trainer.datamodule`` through ``litlab.lit_modules.peft.contract.CaptionedImages``
     (the project's: ``litlab.datamodules.coco_caption.CocoKarpathyCaptionDataModule``).
 
-    Logs ``train/loss``; ``val/loss``, ``val/token_acc``, ``val/bleu4``, ``val/cider`` (``test/…`` alike); under ``init: gap``
-    also ``init/cos_B_g`` (mean cos(B[:, 0], ĝ_l) over the adapted modules), ``init/gap_norm`` (mean over layers
-    of ‖mean_i g_{i,l}‖) and, for every rule, ``init/max_delta`` (max |ΔW| over the modules right after the
-    initialisation: 0, the adapter is a no-op at step 0)."""
+    Logs ``train/loss``; ``val/loss``, ``val/token_acc``, ``val/bleu4``, ``val/cider`` (``test/…`` alike); under
+    ``init: gap`` also ``init/cos_B_g`` (mean cos(B[:, 0], ĝ_l) over the adapted modules), ``init/gap_norm`` (mean
+    over layers of ‖mean_i g_{i,l}‖) and, for every rule, ``init/max_delta`` (max |ΔW| over the modules right after
+    the initialisation: 0, the adapter is a no-op at step 0). The frozen backbone stays in eval mode, as
+    ``from_pretrained`` leaves it (no dropout)."""
 
     def __init__(
         self,
@@ -140,17 +144,15 @@ class GapInitCaptioning(L.LightningModule):
         self.encoder = CaptionEncoder(processor, cfg.num_query_tokens, image_token, prompt, max_text_tokens)
         self.n_layers = cfg.text_config.num_hidden_layers
         self.model.requires_grad_(False)
-        self.strict_loading = (
-            False  # the frozen backbone is not in the run's checkpoints (on_save_checkpoint)
-        )
+        # the frozen backbone is not in the run's checkpoints (on_save_checkpoint)
+        self.strict_loading = False
         self.adapted: dict[str, AdapterLinear] | None = None
         self.initialised = init != "gap"  # gap needs the calibration pass, on the device (on_fit_start)
         for name in ("init_cos_B_g", "init_gap_norm", "init_max_delta"):
             self.register_buffer(name, torch.tensor(float("nan")))
         self.val_bleu, self.test_bleu = BLEUScore(n_gram=4), BLEUScore(n_gram=4)
-        self.decoded: list[
-            tuple[str, list[str]]
-        ] = []  # (caption, references) of the evaluation epoch: CIDEr-D
+        # (caption, references) of the evaluation epoch, for CIDEr-D
+        self.decoded: list[tuple[str, list[str]]] = []
 
     # ---- setup: adapters (3), the data-free rules at once ---------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -200,7 +202,7 @@ class GapInitCaptioning(L.LightningModule):
             if layer.out_features == d:  # (3) B[:, 0] = ĝ_l, A = 0
                 A0, B0 = gap_factors(g_hat, layer.in_features, hp.rank, per_sample, hp.noise, gen)
                 cosines.append(torch.nn.functional.cosine_similarity(B0[:, 0], g_hat, dim=0))
-            elif hp.mismatch == "map" and layer.in_features == d:  # reconstructed: the image of ĝ through W₀
+            elif hp.mismatch == "map" and layer.in_features == d and hp.rank == 1:  # reconstructed: W₀ ĝ
                 W0 = layer.base.weight.detach().float().cpu()
                 A0, B0 = gap_factors(g_hat, d, 1, None, hp.noise, gen, map_gap_through=W0)
             else:  # PEFT's default for a module whose spaces are not the gap's
