@@ -62,6 +62,21 @@ def test_minilm_config_builds_an_exact_no_op_on_the_locked_text_tower(tmp_path):
     }
 
 
+@needs_minilm
+def test_medium_config_is_the_minilm_pair_under_the_papers_optimiser(tmp_path):
+    """configs/gap_init/medium.yaml (the card's medium scale, issue 33): the same MiniLM pair as minilm.yaml, and
+    only the optimiser differs: AdamW at the reconstructed 2e-4, no weight decay, 150 steps, against SGD 2e-3."""
+    from litlab.cli import LitlabCLI
+
+    medium = LitlabCLI(args=["--config=configs/gap_init/medium.yaml", f"--runs_dir={tmp_path}"], run=False)
+    sgd = LitlabCLI(args=[f"--config={CONFIG}", f"--runs_dir={tmp_path}"], run=False)
+    assert medium.model.towers_cfg == sgd.model.towers_cfg and medium.model.towers_cfg.text == "minilm"
+    differs = {k for k in medium.model.hparams if medium.model.hparams[k] != sgd.model.hparams[k]}
+    assert differs == {"optimizer", "lr"}, differs
+    assert (medium.model.hparams.optimizer, medium.model.hparams.lr) == ("adamw", 2e-4)
+    assert medium.model.hparams.weight_decay == 0.0 and medium.trainer.max_steps == 150
+
+
 @pytest.mark.slow
 @needs_minilm
 def test_minilm_pipeline_equals_sentence_transformers():
