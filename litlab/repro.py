@@ -743,7 +743,16 @@ def main(argv: list[str]) -> int:
         help="run the card's runs in this many worker processes (one thread each; default 1)",
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("runs/repro"), help="report root (default runs/repro)"
+        "--out",
+        type=Path,
+        default=None,
+        help="report root (default runs/repro; with --stand-in runs/repro-stand-in, apart from the card's numbers)",
+    )
+    parser.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="with --scale full: each run on the card's stand-in (litlab.standin: tiny models of the full "
+        "config's classes, a few records of its data, CPU), its arguments after the run's own overrides",
     )
     parser.add_argument(
         "--record", action="store_true", help="write the measured numbers into the card's recorded: block"
@@ -785,6 +794,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.stand_in and args.scale != "full":
+        parser.error(f"--stand-in runs the full-scale config: give --scale full (got --scale {args.scale})")
+    if args.stand_in and (args.record or args.check_recorded):
+        parser.error(
+            "--stand-in numbers are a tiny random model's, not the card's: no --record or --check-recorded"
+        )
+    args.out = args.out or Path("runs/repro-stand-in" if args.stand_in else "runs/repro")
     if args.list:
         return list_cards(markdown=args.markdown)
     if args.full_scale_table:
@@ -815,6 +831,13 @@ def main(argv: list[str]) -> int:
         if args.plan:
             return print_plan(card, args.scale, args.seeds, args.only, args.all)
         check_report_hook(card, args.trust_hooks)  # before the runs, not after an hour of them
+        if args.stand_in:  # written once, shared by every run and seed (and by --jobs workers)
+            from litlab.standin import prepared_stand_in
+
+            extra = [*prepared_stand_in(card.slug, args.out / card.slug / "stand_in"), *extra]
+    except ConfigError as err:  # a card without a stand-in
+        print(f"litlab repro {args.slug}: {err}", file=sys.stderr)
+        return 2
     except CardError as err:
         print(f"litlab repro: {err}", file=sys.stderr)
         return 2
