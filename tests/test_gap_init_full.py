@@ -15,6 +15,7 @@ import math
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -106,6 +107,11 @@ def test_coco_karpathy_layout_and_blip2_batches(stand_in, monkeypatch):
         assert tok.decode(kept) == f" {pre_caption(refs[0])}\n"  # the caption and its "\n", nothing else
         assert (labels[mask == 0] == -100).all() and (ids[mask == 0] == tok.pad_token_id).all()
     assert pre_caption('A man, "riding" a horse.  ') == "a man, riding a horse"
+    from litlab.lit_modules.peft.blip2_captioning import CaptionEncoder
+
+    parts = SimpleNamespace(tokenizer=tok, image_processor=enc.image_processor)
+    with pytest.raises(ValueError, match=r"max_text_tokens=4 leaves no room .*'a photo of'"):
+        CaptionEncoder(parts, n_query, enc.image_token_id, "a photo of", max_text_tokens=4)
     calib = list(dm.calibration_dataloader())
     assert sum(len(b["input_ids"]) for b in calib) == 8 and "references" not in calib[0]
 

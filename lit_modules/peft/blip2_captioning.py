@@ -101,6 +101,11 @@ class CaptionEncoder:
         self.n_query, self.image_token_id, self.max_text = num_query_tokens, image_token_id, max_text_tokens
         self.prompt = prompt
         self.prompt_ids: list[int] = self.tokenizer(prompt).input_ids  # BOS + the prompt's tokens
+        if max_text_tokens <= len(self.prompt_ids):
+            raise ValueError(
+                f"max_text_tokens={max_text_tokens} leaves no room for a caption after the prompt {prompt!r} "
+                f"({len(self.prompt_ids)} tokens with BOS)"
+            )
 
     def __call__(self, images: list[Any], captions: list[str]) -> dict[str, Tensor]:
         texts = [f"{self.prompt} {pre_caption(c)}\n".lstrip() for c in captions]
