@@ -180,3 +180,36 @@ def test_hub_text_datamodule_streams_a_local_copy_in_the_hub_layout(tmp_path, mo
     assert not torch.equal(val["input_ids"], batch["input_ids"])  # another split's text
     with pytest.raises(DatasetUnavailableError, match=r"holds no file of data set 'allenai/c4'"):
         HubTextDataModule(local_dir=str(tmp_path / "nothing"), tokenizer=str(tok))
+
+
+def test_repro_refuses_a_stand_in_record_or_another_scale(capsys):
+    from litlab.repro import main
+
+    for argv, says in (
+        (["xkv", "--scale", "full", "--stand-in", "--record"], "not the card's"),
+        (["xkv", "--scale", "full", "--stand-in", "--check-recorded"], "not the card's"),
+        (["xkv", "--stand-in"], "give --scale full"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_repro_runs_the_full_scale_runs_on_the_stand_in(tmp_path, monkeypatch):
+    """``litlab repro xkv --scale full --stand-in``: every full-scale run of the card at its full seeds, on the
+    stand-in's files written once under ``<out>/xkv/stand_in``, each run's own overrides kept (xKV-4 and per-layer
+    SVD differ in compression ratio)."""
+    from litlab.cards import load_card, project_path
+    from litlab.repro import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the report hook reads config.yaml where a wandb run puts it
+    monkeypatch.chdir(tmp_path)
+    assert main(["xkv", "--scale", "full", "--stand-in", "--out", str(tmp_path / "out")]) == 0
+    results = json.loads((tmp_path / "out" / "xkv" / "results.json").read_text())
+    card = load_card(project_path("seeds/xkv.yaml"))
+    assert set(results["runs"]) == set(card.runs_for("full")) and results["seeds"] == list(card.seeds["full"])
+    assert (tmp_path / "out" / "xkv" / "stand_in" / "stand_in.json").is_file()
+    ratios = {name: run["metrics"]["val/compression_ratio"][0] for name, run in results["runs"].items()}
+    assert len(set(ratios.values())) == len(ratios), ratios
