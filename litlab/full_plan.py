@@ -15,7 +15,8 @@ Transformer step, ``T = b·s`` tokens of ``b`` sequences of length ``s``, ``L`` 
 ``N_*`` are the weights of the matmuls (``nn.Linear``, ``lm_head`` included; a Khatri–Rao branch counts its
 materialised d_in·d_out), frozen, trained, or an adapter branch's; a frozen weight needs only the gradient of its
 input (2·N, not 4·N), and ``N_skip`` is the frozen first-layer q/k/v whose input (the frozen embedding) needs no
-gradient at all. With everything trained this is Kaplan et al.'s 6·N·T (arXiv 2001.08361, §2.1) plus the attention
+gradient at all (a first layer that adapts some of q, k, v and not the others skips a little more of the
+attention's backward: not counted). With everything trained this is Kaplan et al.'s 6·N·T (arXiv 2001.08361, §2.1) plus the attention
 term; forward-only methods (prefill) are ``F``. The attention term counts the full s×s score matrix, as
 ``torch.utils.flop_counter.FlopCounterMode`` does (a causal flash kernel computes about half). Gradient
 checkpointing adds one forward. Activations (bytes autograd keeps for backward, per layer and token, ``a`` the

@@ -39,6 +39,30 @@ def memory(
     )
 
 
+_NUMBERS: dict[tuple, tuple[Stack, MatmulWeights, int, int, str]] = {}
+
+
+def model_numbers(
+    model_id: str, train: str, adapt: Callable[[nn.Module], Any] | None, adapt_key: tuple
+) -> tuple[Stack, MatmulWeights, int, int, str]:
+    """(stack, matmul weights, total and trainable parameters, label) of the model as the run trains it; the
+    model is built once a key."""
+    key = (resolve_id(model_id), train, adapt_key)
+    if key not in _NUMBERS:
+        model = build_on_meta(model_id)
+        inner: Any = getattr(model, "language_model", model)
+        stack = Stack.of(inner.config if hasattr(inner, "config") else model.config)
+        if train != "full":
+            model.requires_grad_(False)
+        if adapt is not None:
+            adapt(model)
+        w = MatmulWeights.of(inner, input_needs_grad=train == "input")
+        if inner is not model and not hasattr(inner, "lm_head") and hasattr(model, "lm_head"):
+            w.frozen += model.lm_head.weight.numel()  # a vision-language model: its LM's matmuls and head
+        _NUMBERS[key] = (stack, w, n_params(model), n_params(model, True), type(model).__name__)
+    return _NUMBERS[key]
+
+
 def lm_run(
     model_id: str,
     cfg: Config,
@@ -50,6 +74,7 @@ def lm_run(
     datasets: list[str],
     train: str,
     adapt: Callable[[nn.Module], Any] | None = None,
+    adapt_key: tuple = (),
     model_dtype: str | None = None,
     optimizer_states: int = 2,
     extra_trainable: int = 0,
@@ -57,21 +82,11 @@ def lm_run(
     notes: list[str] | None = None,
 ) -> Estimate:
     """A Hugging Face LM: ``train`` is "full" (every weight), "adapters" (``adapt`` injects them into the frozen
-    model), "input" (frozen, gradients to its input: a soft prompt) or "none" (forward only)."""
-    model = build_on_meta(model_id)
-    inner: Any = getattr(model, "language_model", model)
-    stack = Stack.of(inner.config if hasattr(inner, "config") else model.config)
-    if train != "full":
-        model.requires_grad_(False)
-    if adapt is not None:
-        adapt(model)
+    model; ``adapt_key`` names what it injects, so that runs with the same adapters count the model once), "input"
+    (frozen, gradients to its input: a soft prompt) or "none" (forward only)."""
+    stack, w, total, trainable, class_name = model_numbers(model_id, train, adapt, adapt_key)
+    trainable += extra_trainable
     dtype = compute_dtype(cfg, model_dtype)
-    w = MatmulWeights.of(inner, input_needs_grad=train == "input")
-    if inner is not model and not hasattr(inner, "lm_head") and hasattr(model, "lm_head"):
-        w.frozen += (
-            model.lm_head.weight.numel()
-        )  # a vision-language model: its LM's matmuls, the head included
-    total, trainable = n_params(model), n_params(model, True) + extra_trainable
     store = DTYPE_BYTES["bf16"] if model_dtype in ("bfloat16", "float16") else 4
     flops = lm_flops(w, stack, batch, seq, train=train != "none") * steps
     if train == "none":
@@ -92,7 +107,7 @@ def lm_run(
     train_bytes = store if train == "full" else 4
     weights, grads, states = memory(total + extra_trainable, trainable, store, train_bytes, optimizer_states)
     return Estimate(
-        [model_label(model_id, model)],
+        [f"{model_id} ({class_name}, {MODEL_SHAPES[resolve_id(model_id)].source})"],
         datasets,
         total + extra_trainable,
         trainable,
@@ -153,6 +168,7 @@ def lokra(cfg: Config) -> Estimate:
         datasets=[f"{name} ({records:,} records)"],
         train="adapters",
         adapt=lambda model: inject_lokra(model, m.get("mode", "lokra"), plan),
+        adapt_key=("lokra", m.get("mode", "lokra"), repr(plan)),
         model_dtype=m.get("dtype"),
         notes=notes,
     )
@@ -209,6 +225,7 @@ def gap_init(cfg: Config) -> Estimate:
         datasets=[f"COCO Karpathy captions ({records:,})"],
         train="adapters",
         adapt=adapt,
+        adapt_key=("lora", rank, tuple(m.get("targets") or ())),
         model_dtype=m.get("dtype", "bfloat16"),
         notes=[
             "the LM's step by formula; the frozen ViT-g's forward on 257 tokens added as 2·(12·L·h²)·257 an "

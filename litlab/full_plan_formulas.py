@@ -87,8 +87,9 @@ class MatmulWeights:
                     w.adapted_inputs_shared += module.in_features
                 w.adapted_inputs_each += module.in_features
                 for branch in module.branches.values():
-                    if isinstance(branch, KhatriRaoBranch):
+                    if isinstance(branch, KhatriRaoBranch):  # x @ ΔWᵀ with ΔW materialised
                         w.adapter += module.in_features * module.out_features
+                        w.skip_adapter += module.in_features * module.out_features if first else 0
                     elif isinstance(branch, LowRankBranch):
                         w.adapter += branch.A.numel() + branch.B.numel()
                         w.skip_adapter += branch.A.numel() if first else 0

@@ -4,6 +4,7 @@ the meta device at the config's sizes (FlopCounterMode; tensors saved for backwa
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,7 @@ from litlab.full_plan_formulas import (
     lm_flops,
     saved_tensor_bytes,
 )
-from litlab.model_shapes import build_on_meta
+from litlab.model_shapes import MODEL_SHAPES, build_on_meta
 
 Config = dict[str, Any]
 
@@ -80,17 +81,27 @@ def resnet(name: str, classes: int | None = 1000) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def meta_train_step(model: nn.Module, make_input: Callable[[], Any], train: bool) -> tuple[int, int]:
-    """(FLOPs of one step, bytes saved for backward) of ``model`` on the meta device."""
+_TRACES: dict[tuple, tuple[int, int]] = {}
+
+
+def meta_train_step(
+    model: nn.Module, make_input: Callable[[], Any], train: bool, key: tuple = ()
+) -> tuple[int, int]:
+    """(FLOPs of one step, bytes saved for backward) of ``model`` on the meta device; ``key`` names the model and
+    its inputs, so that runs of the same shapes trace it once."""
+    if key and key in _TRACES:
+        return _TRACES[key]
 
     def step() -> torch.Tensor:
         with torch.device("meta"):
             out = model(*make_input())
         return out if isinstance(out, torch.Tensor) else out[0]
 
-    flops = counted_flops(step, backward=train)
     saved = saved_tensor_bytes(step, list(model.parameters())) if train else 0
-    return flops, saved
+    result = counted_flops(step, backward=train), saved
+    if key:
+        _TRACES[key] = result
+    return result
 
 
 def conv_run(
@@ -107,7 +118,9 @@ def conv_run(
 ) -> Estimate:
     with torch.device("meta"):
         net = resnet(backbone, classes=None)
-    flops, saved = meta_train_step(net, lambda: (torch.empty(batch, 3, size, size),), train=True)
+    flops, saved = meta_train_step(
+        net, lambda: (torch.empty(batch, 3, size, size),), train=True, key=(backbone, batch, size)
+    )
     total = n_params(net) + head
     weights, grads, optim = memory(total, total, 4, 4, states)
     return Estimate(
@@ -176,35 +189,43 @@ def u3cf(cfg: Config) -> Estimate:
 
 
 # ---- ViT continual learners ------------------------------------------------------------------------
-def continual(cfg: Config) -> Estimate:
+@functools.cache
+def vit_numbers(
+    model_id: str, targets: tuple[str, ...], rank: int, alpha: float, branches: tuple[str, ...]
+) -> tuple[Stack, MatmulWeights, int, int]:
+    """The ViT with each branch of LoRA injected by the shared adapter core: (stack, matmul weights, total,
+    trainable)."""
     from litlab.lit_modules.core.adapters import inject_adapters
 
+    model = build_on_meta(model_id).requires_grad_(False)
+    for branch in branches:
+        inject_adapters(model, list(targets), rank=rank, alpha=alpha, branch=branch)
+    stack = Stack.of(model.config, vocab=0, gated_mlp=False)
+    return stack, MatmulWeights.of(model), n_params(model), n_params(model, True)
+
+
+def continual(cfg: Config) -> Estimate:
     m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args") or {}
     model_id = get(m, "backbone.name", "google/vit-base-patch16-224-in21k")
-    model = build_on_meta(model_id).requires_grad_(False)
     rank = int(m.get("rank", 8))
     branches = ("general", "isolated") if cfg["model"]["class_path"].endswith("LoDA") else ("default",)
-    for branch in branches:
-        inject_adapters(
-            model,
-            list(m.get("targets") or ["q_proj", "v_proj"]),
-            rank=rank,
-            alpha=float(m.get("alpha", rank)),
-            branch=branch,
-        )
-    stack = Stack.of(model.config, vocab=0, gated_mlp=False)
-    w = MatmulWeights.of(model)
+    targets = tuple(m.get("targets") or ("q_proj", "v_proj"))
+    stack, w, n_total, n_trainable = vit_numbers(
+        model_id, targets, rank, float(m.get("alpha", rank)), branches
+    )
     benchmark, batch = str(d.get("benchmark", "imagenet_r")), int(d.get("batch_size", 128))
     records = dataset_records(benchmark, 24000) or 24000
     steps = int(d.get("epochs_per_task", 1)) * math.ceil(records / batch)
     seq = (224 // 16) ** 2 + 1
     dtype = compute_dtype(cfg)
-    head = 200 * stack.hidden
-    total, trainable = n_params(model) + head, n_params(model, True) + head
+    head = {"imagenet_r": 200, "cifar100": 100, "domainnet": 345}.get(
+        benchmark, 200
+    ) * stack.hidden  # cosine head
+    total, trainable = n_total + head, n_trainable + head
     states = 1 if str(m.get("optimizer", "sgd")) == "sgd" and "momentum" in m else 2
     weights, grads, optim = memory(total, trainable, 4, 4, states)
     return Estimate(
-        [model_label(model_id, model)],
+        [f"{model_id} (ViTModel, {MODEL_SHAPES[model_id].source})"],
         [f"{benchmark} ({records:,} training images, {d.get('num_tasks')} tasks)"],
         total,
         trainable,
@@ -277,11 +298,13 @@ def scns(cfg: Config) -> Estimate:
             torch.empty(batch, 77, 768, dtype=torch.half, requires_grad=True),
         ),
         train=True,
+        key=(repo, "unet", batch, size),
     )
     vae_flops, _ = meta_train_step(
         vae.encoder.half(),
         lambda: (torch.empty(batch, 3, size * 8, size * 8, dtype=torch.half),),
         train=False,
+        key=(repo, "vae", batch, size),
     )
     tw = MatmulWeights.of(text.requires_grad_(False), input_needs_grad=True)
     text_flops = lm_flops(tw, Stack.of(text.config, vocab=0, gated_mlp=False), batch, 77, train=True)
