@@ -283,7 +283,7 @@ class CSVTextRegressionDataModule(L.LightningDataModule):
             s = serialize_signed(float(v), self.hparams.precision, self.digits)
             if len(s) != self.width:
                 raise ValueError(
-                    f"target {v} does not fit {self.digits} integer digits (width={self.hparams.width})"
+                    f"target {v} does not fit {self.digits} integer digits: raise data.init_args.width"
                 )
             rows.append([self.answer_ids[c] for c in s] + [self.token_ids["eos"]])
         return torch.tensor(rows)
