@@ -342,3 +342,23 @@ def test_the_toy_module_names_the_full_scale_class_for_a_vlm_backbone():
 
     with pytest.raises(ConfigError, match=r"gap_init_full\.GapInitCaptioning"):
         GapInitLoRA(backbone="Salesforce/blip2-opt-2.7b")
+
+
+def test_the_full_config_adapts_the_64_llm_projections_of_blip2_opt_2_7b():
+    """On the real architecture (``litlab.model_shapes``, meta device: no weights): the config's targets wrap the
+    32 OPT blocks' q_proj and v_proj only, 327,680 trainable parameters at rank 1, and each writes the width-2560
+    residual space the gaps live in, so Gap-Init's rule (not the mismatch fallback) sets every B."""
+    import yaml
+
+    from litlab.lit_modules.core.adapters import adapter_parameters, inject_adapters
+    from litlab.lit_modules.peft.gap_init_full import LAYER, llm_targets
+    from litlab.model_shapes import build_on_meta
+
+    args = yaml.safe_load(FULL.read_text())["model"]["init_args"]
+    model = build_on_meta(args["backbone"])
+    adapted = inject_adapters(model, llm_targets(args["targets"]), rank=args["rank"], alpha=2.0, init="zeros")
+    d = model.config.text_config.hidden_size
+    assert len(adapted) == 64 and sum(p.numel() for p in adapter_parameters(adapted)) == 64 * 2 * d == 327_680
+    assert all(n.startswith("language_model.model.decoder.layers.") for n in adapted)
+    assert {(m.in_features, m.out_features) for m in adapted.values()} == {(d, d)}
+    assert sorted(int(LAYER.search(n).group(1)) for n in adapted) == sorted(list(range(32)) * 2)

@@ -82,6 +82,12 @@ Mismatch = Literal["map", "default"]
 LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
+def llm_targets(targets: list[str]) -> str:
+    """The ``inject_adapters`` pattern of the language model's linear layers named ``targets`` (never the ViT's or
+    the Q-Former's)."""
+    return rf"language_model\..*\.({'|'.join(map(re.escape, targets))})"
+
+
 class GapInitCaptioning(L.LightningModule):
     """Rank-r LoRA on a frozen BLIP-2's language model (``targets`` of every block), initialised by ``init``,
     fine-tuned on captions. Reads ``trainer.datamodule`` through ``litlab.lit_modules.peft.contract.CaptionedImages``
@@ -162,12 +168,11 @@ class GapInitCaptioning(L.LightningModule):
         if self.adapted is not None:
             return
         hp = self.hparams
-        pattern = rf"language_model\..*\.({'|'.join(map(re.escape, self.targets))})"
         with torch.random.fork_rng():
             torch.manual_seed(derive_seed("init"))  # PEFT's Kaiming A draws from the run's "init" stream
             self.adapted = inject_adapters(
                 self.model,
-                pattern,
+                llm_targets(self.targets),
                 rank=hp.rank,
                 alpha=self.alpha,
                 init="kaiming_A_zero_B" if hp.init == "peft_default" else "zeros",
@@ -296,12 +301,6 @@ class GapInitCaptioning(L.LightningModule):
         if stage == "val":
             self.log("init/max_delta", self.init_max_delta, batch_size=1)
 
-    def on_validation_epoch_start(self) -> None:
-        self.decoded = []
-
-    def on_test_epoch_start(self) -> None:
-        self.decoded = []
-
     def on_validation_epoch_end(self) -> None:
         self._log_cider("val")
 
@@ -310,7 +309,7 @@ class GapInitCaptioning(L.LightningModule):
 
     def _log_cider(self, stage: str) -> None:
         """CIDEr-D over the epoch's images (its document frequencies are corpus-level: every rank's captions)."""
-        pairs = self.decoded
+        pairs, self.decoded = self.decoded, []  # the next epoch starts empty
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             gathered: list[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(gathered, pairs)
