@@ -20,7 +20,8 @@ training skips them), packed and cut into ``val_windows`` evenly spaced windows 
 the first ``val_windows`` question-answer records. Training reads the rest of the stream once (one epoch), shuffled
 in a buffer of ``shuffle_buffer`` records from the run's ``data.windows`` stream; each rank reads its own shard. A
 relaunch from a checkpoint skips the windows its steps consumed (the stream is deterministic for a given seed and
-world size), so it continues where it stopped.
+world size), so it continues where it stopped (litlab's ``ExactResume`` restores the generators; it leaves the
+position of an iterable data set to the data set).
 """
 
 from __future__ import annotations
@@ -217,9 +218,19 @@ class SourceWindows(IterableDataset):
                 buffer = buffer[block:]
                 yield {"input_ids": window[:-1], "labels": window[1:]}
 
+    def _resumed_windows(self) -> int:
+        """The windows a fit resumed inside its epoch already trained on (read when iteration starts, after
+        Lightning restored the loop's progress; the loader itself is built before that)."""
+        trainer = self.dm.trainer
+        fit_loop = trainer.fit_loop if trainer is not None else None
+        if fit_loop is None or not fit_loop.restarting:
+            return 0
+        return int(fit_loop.epoch_loop.batch_progress.current.processed) * self.dm.hparams.batch_size
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        skip = self.skip_windows + self._resumed_windows()
         for i, window in enumerate(self._windows()):
-            if i >= self.skip_windows:
+            if i >= skip:
                 yield window
 
 
@@ -228,7 +239,13 @@ class HubCorpusDataModule(L.LightningDataModule):
     general_domain]`` over fixed windows and ``eval_set(which)`` (the ``DomainEvalData`` contract of the analysis
     family) for training-free evaluations and curvature calibration. See the module docstring for where data is
     read from and how records become windows. Every source is located (and a missing one refused) when the module
-    is built; the tokenizer loads then too."""
+    is built; the tokenizer loads then too.
+
+    ``streamed``: the training loader has no length and is positioned when iteration starts, after Lightning
+    restored a resumed fit's progress; a module whose learning-rate schedule needs the number of steps reads
+    ``max_steps`` instead of building the loader early (``Trainer.estimated_stepping_batches`` would start it)."""
+
+    streamed = True
 
     def __init__(
         self,
@@ -307,11 +324,8 @@ class HubCorpusDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        skip = 0
-        if self.trainer is not None:  # a resumed fit: the windows its steps consumed (per rank)
-            skip = self.trainer.global_step * self.trainer.accumulate_grad_batches * hp.batch_size
         # tokenised in the main process: a worker of an IterableDataset would read the whole stream again
-        return DataLoader(SourceWindows(self, skip), batch_size=hp.batch_size)
+        return DataLoader(SourceWindows(self), batch_size=hp.batch_size)
 
     def val_dataloader(self) -> list[DataLoader]:
         loaders = []

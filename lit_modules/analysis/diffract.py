@@ -671,7 +671,11 @@ class DiffractCPT(L.LightningModule):
         opt = torch.optim.AdamW(
             self.model.parameters(), lr=hp.lr, betas=(0.9, 0.95), weight_decay=hp.weight_decay
         )
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        t = self.trainer
+        if getattr(t.datamodule, "streamed", False) and t.max_steps > 0:  # a stream: see HubCorpusDataModule
+            total = t.max_steps
+        else:
+            total = max(int(t.estimated_stepping_batches), 1)
         warm = max(int(round(hp.warmup_frac * total)), 1)
         sched = warmup_then_decay_lr(opt, warmup_steps=warm, total_steps=total, decay="cosine")
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
