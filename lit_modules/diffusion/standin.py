@@ -45,9 +45,10 @@ def seeded_init(write: Writer) -> Writer:
 
 @seeded_init
 def write_tiny_sd(folder: Path) -> Path:
-    """A diffusers-layout Stable Diffusion checkpoint of a few thousand parameters: UNet2DConditionModel with
-    cross-attention (blocks 16, 32), CLIPTextModel of width 16, a CLIPTokenizer from a vocabulary and merges written
-    here (``SEQ`` positions), AutoencoderKL (×2 down, 4 latent channels as SD's), DDPMScheduler with SD's betas."""
+    """A diffusers-layout Stable Diffusion checkpoint of about 250K parameters: UNet2DConditionModel with
+    cross-attention (blocks 16, 32; 200,644), CLIPTextModel of width 16 (4,048), a CLIPTokenizer from a vocabulary
+    and merges written here (``SEQ`` positions), AutoencoderKL (×2 down, 4 latent channels as SD's; 43,711),
+    DDPMScheduler with SD's betas."""
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
     from litlab.lit_modules.diffusion.ddpm import diffusers_classes
