@@ -51,7 +51,11 @@ def write_byte_level_tokenizer(folder: Path, style: str = "qwen2") -> transforme
     tok: transformers.PreTrainedTokenizerBase
     if style == "qwen2":
         tok = transformers.Qwen2Tokenizer(
-            vocab=vocab, merges=[], unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+            vocab=vocab,
+            merges=[],
+            unk_token="<|endoftext|>",
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
         )
     elif style == "llama3":
         backend = Tokenizer(models.BPE(vocab, []))
@@ -82,7 +86,8 @@ def write_tiny_llama(folder: Path, tok, generator: torch.Generator, kv_heads: in
     full configs adapt: q/k/v/o, gate/up/down) for ``tok``'s vocabulary, saved in ``folder`` with ``tok``."""
     config = transformers.LlamaConfig(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=kv_heads, max_position_embeddings=512, rope_theta=rope_theta,
+        num_key_value_heads=kv_heads, max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=None,
     )  # fmt: skip
     with torch.random.fork_rng():
