@@ -195,3 +195,34 @@ def test_full_config_stand_in_fits_checkpoints_resumes_and_evaluates(stand_in, t
     out = validated.trainer.callback_metrics
     assert torch.isfinite(out["val/mae"]) and torch.isfinite(out["test/mae"])
     torch.testing.assert_close(out["val/mae"], after["val/mae"], atol=1e-5, rtol=0)
+
+
+def test_the_smollm2_route_shares_the_hf_loop_without_padding(stand_in):
+    """The SmolLM2 route (LMTextRegressionDataModule's fixed-width diabetes prompts, no mask, digit RAFT) runs through
+    the same Hugging Face functions, here on the stand-in's tiny Qwen3: the grid scored through the KV cache equals
+    every candidate's full teacher-forced sequence (1e-4), and the losses reach only P, e_REG and the head."""
+    from litlab.datamodules.text_regression import LMTextRegressionDataModule
+    from litlab.lit_modules.peft.spr_raft import grid_expectation
+
+    folder = _arg(stand_in[1], "model.init_args.backbone")
+    dm = LMTextRegressionDataModule(tokenizer=folder, grid_size=5, batch_size=4)
+    dm.setup("fit")
+    model = SPRRAFT(backbone=folder, prompt_len=4, head_hidden=8)
+    model.trainer = types.SimpleNamespace(datamodule=dm)
+    model.setup("fit")
+    ids = dm.tensors["test"].tensors[0][:3]
+    got = model.predict_all(ids)
+    K, r, W = len(model.grid), model.reg_position, model.width
+    prefix = ids[:, : model.reg_index + 1]
+    seqs = torch.cat([prefix.repeat_interleave(K, 0), model.grid_answers.repeat(len(ids), 1)], dim=1)
+    with torch.no_grad():
+        _, logits = model(seqs)
+    s = sequence_scores(logits[:, r : r + W + 1], seqs[:, model.reg_index + 1 : model.reg_index + 2 + W])
+    expected = grid_expectation(s.view(len(ids), K), model.grid)
+    torch.testing.assert_close(got["grid"], expected, atol=1e-4, rtol=0)
+    batch = dict(zip(("ids", "y", "z"), dm.tensors["train"][:4]))
+    losses = model.losses(batch)
+    assert sorted(losses) == ["ce", "raft", "reg"] and all(torch.isfinite(v) for v in losses.values())
+    sum(losses.values()).backward()
+    assert all(p.grad is None for p in model.frozen_lm.parameters())
+    assert all(p.grad is not None for p in (model.soft_prompt, model.reg_embedding, *model.head.parameters()))
