@@ -2,7 +2,7 @@
 LLM Regression", ICML 2026; abstract only): published CSV files read as text for a Hugging Face causal LM.
 
 The paper's molecular property benchmarks are MoleculeNet's regression sets (Wu et al., "MoleculeNet: a benchmark
-for molecular machine learning", arXiv 1703.00564, §3.1 physical chemistry), in the files DeepChem distributes
+for molecular machine learning", arXiv 1703.00564: its physical-chemistry sets), in the files DeepChem distributes
 (``MOLECULENET_URL`` + the file name), each read from ``data_dir``:
 
     esol           delaney-processed.csv  text "smiles", target "measured log solubility in mols per litre" (1128)

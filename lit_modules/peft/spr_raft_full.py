@@ -1,7 +1,7 @@
 """SPR-RAFT on a frozen Hugging Face causal LM — the paper's scale ("SPR-RAFT: Parameter-Efficient Regression-Aware
 Fine-Tuning for Biomedical LLM Regression", ICML 2026 poster 63748; abstract only, no arXiv version or code) with
 RAFT's grid expectation (Lukasik et al., "Better autoregressive regression with LLMs via regression-aware
-fine-tuning", ICLR 2025, arXiv 2411.04196).
+fine-tuning", ICLR 2025).
 
 What both Hugging Face routes of ``spr_raft.SPRRAFT`` share — SmolLM2-135M-Instruct on the CPU
 (``backbone="smollm2"``) and the paper's frozen Qwen3-4B in bf16 (any Hugging Face id or folder,

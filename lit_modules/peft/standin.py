@@ -7,7 +7,7 @@ only; what the config trains is the same code path.
   RoPE θ = 500 000, a byte-level BPE tokenizer with Llama 3's special tokens) on Commonsense170K.
 * ``stand_in_csplora``  configs/csplora/full.yaml: LLaMA-2-7B (``LlamaForCausalLM``, one KV head per query head,
   RoPE θ = 10 000, a ``LlamaTokenizer`` with a character vocabulary) on Commonsense170K.
-* Commonsense170K (LLM-Adapters' ``ft-training_set/commonsense_170k.json``, DoRA's protocol, arXiv 2402.09353 §5.1):
+* Commonsense170K (LLM-Adapters' ``ft-training_set/commonsense_170k.json``, DoRA's protocol, arXiv 2402.09353):
   one JSON list of ``{"instruction", "input", "output", "answer"}``, written by ``write_commonsense_json`` with
   records shaped like its BoolQ, PIQA and ARC parts (made up here, not the data set's).
 * The shared pieces (``write_byte_level_tokenizer``, ``fit_overrides``) also serve SPR-RAFT's stand-in
