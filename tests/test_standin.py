@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # measured here on the shared 2-core machine, each after the first fit of the process (which pays ~18 s importing
 # every method module): scns 7.8 s, xkv 6.9, sale 9.2, salaad 9.4, lordo 10.4, litevsr 9.5 (slow: its full config
 # already runs in the default suite in tests/test_litevsr_full.py). A card's family adds it here when its stand-in
-# test takes ~20 s or less.
-FAST = {"scns", "xkv", "sale", "salaad", "lordo"}
+# test takes ~20 s or less. janus_lora 5.4 s, loda 4.3, dare 5.1, ngt 7.0 (Pendulum-v1 where MuJoCo is missing, as in
+# CI); u3cf 17-35 s and sfda_regression 18-27 s stay slow (they need torchvision).
+FAST = {"scns", "xkv", "sale", "salaad", "lordo", "janus_lora", "loda", "dare", "ngt"}
 
 
 def cards(fast: set[str] = FAST) -> list:
@@ -75,7 +76,8 @@ def test_full_config_runs_on_its_stand_in(slug, tmp_path, monkeypatch):
     # the trained tensors the checkpoint holds are the model's now (frozen public weights may be left out of it)
     saved = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     now = again.model.state_dict()
-    assert all(torch.equal(now[k].cpu(), v) for k, v in saved.items())
+    # (an entry that is not a tensor, an adapter layer's extra state, compares by value)
+    assert all(torch.equal(now[k].cpu(), v) if torch.is_tensor(v) else now[k] == v for k, v in saved.items())
 
     evaluated = []
     for subcommand, hook in (("validate", "validation_step"), ("test", "test_step")):

@@ -56,7 +56,7 @@ def test_continual_test_of_the_last_checkpoint_is_the_accuracy_matrix_last_row(t
 
 def test_rl_test_replays_the_evaluation_episodes_of_the_fit(tmp_path, offline):
     """DARE's full config on its stand-in: ``litlab test`` plays the restored policy from the evaluation
-    callback's reset seeds, so its first two episodes (the stand-in's callback plays two) return what the fit's
+    callback's reset seeds, so its two episodes (the stand-in's callback plays two too) return what the fit's
     final evaluation did."""
     from litlab.callbacks.rl_eval import RLEvalCallback
 
@@ -69,8 +69,8 @@ def test_rl_test_replays_the_evaluation_episodes_of_the_fit(tmp_path, offline):
         "dare",
         tmp_path,
         f"--ckpt_path={first.run_dir / 'checkpoints' / 'last.ckpt'}",
-        "--trainer.limit_test_batches=2",
     )
+    assert tested.trainer.limit_test_batches == 2
     assert float(tested.trainer.callback_metrics["test/return"]) == pytest.approx(
         final["eval/return"], rel=1e-5
     )

@@ -62,8 +62,14 @@ def _data_args(workdir: Path, level: str) -> list[str]:
     env_id = stand_in_env()
     path = write_offline_file(workdir / f"{env_id}-{level}.hdf5", env_id, level)
     switched = [f"--data.init_args.env_id={env_id}"] if env_id != CONFIG_ENV else []
-    # the full configs' one callback is RLEvalCallback: 2 evaluation episodes instead of 10
-    return [*switched, f"--data.init_args.offline.path={path}", "--trainer.callbacks.init_args.n_episodes=2"]
+    # 2 evaluation episodes instead of 10, in the fit (the full configs' one callback is RLEvalCallback) and in
+    # `litlab test` (one episode per batch)
+    return [
+        *switched,
+        f"--data.init_args.offline.path={path}",
+        "--trainer.callbacks.init_args.n_episodes=2",
+        "--trainer.limit_test_batches=2",
+    ]
 
 
 def stand_in_dare(workdir: Path) -> list[str]:
