@@ -167,7 +167,7 @@ def test_the_init_rule_changes_only_the_lora_factors_and_starts_as_a_no_op(stand
     from transformers import Blip2ForConditionalGeneration
 
     from litlab.lit_modules.core.adapters import find_adapters
-    from litlab.lit_modules.peft.gap_init_full import LAYER
+    from litlab.lit_modules.peft.gap_init_full import INIT_STATS, LAYER
 
     built = {}
     for init in ("gap", "peft_default", "reverse_random"):
@@ -217,11 +217,8 @@ def test_the_init_rule_changes_only_the_lora_factors_and_starts_as_a_no_op(stand
     gap_model = built["gap"][0]
     saved = {"state_dict": dict(gap_model.state_dict())}
     gap_model.on_save_checkpoint(saved)
-    assert set(saved["state_dict"]) == {f"model.{k}" for k in factors["gap"]} | {
-        "init_cos_B_g",
-        "init_gap_norm",
-        "init_max_delta",
-    }
+    stats = {f"init_{k}" for k in INIT_STATS}
+    assert set(saved["state_dict"]) == {f"model.{k}" for k in factors["gap"]} | stats
     one_less = {k: v for k, v in saved["state_dict"].items() if "v_proj" not in k}
     with pytest.raises(CheckpointError, match=r"lacks 4 adapter tensors .*v_proj"):
         built["peft_default"][0].on_load_checkpoint({"state_dict": one_less})
@@ -241,6 +238,51 @@ def test_the_init_rule_changes_only_the_lora_factors_and_starts_as_a_no_op(stand
                 )
                 < 0.9
             )
+
+
+def test_the_premise_and_the_first_step_gradients(stand_in, monkeypatch):
+    """At fit start ρ_g = E[(ĝ_l·δ)²] / E[‖δ‖²] (spec §7.4) equals an independent reading of the frozen backbone's
+    output gradients at q_proj / v_proj (no adapters: they are a no-op at step 0); the first step's gradient
+    reaches A only under Gap-Init (B's is exactly 0) and B only under PEFT's default (spec §7.3)."""
+    import lightning as L
+    from transformers import Blip2ForConditionalGeneration
+
+    def fit_one_step(init: str):
+        model, dm = build(stand_in, init, monkeypatch)
+        L.Trainer(
+            accelerator="cpu",
+            max_steps=1,
+            limit_val_batches=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        ).fit(model, datamodule=dm)
+        return model, dm
+
+    gap, dm = fit_one_step("gap")
+    peft, _ = fit_one_step("peft_default")
+    assert float(gap.init_grad_A) > 0 and float(gap.init_grad_B) == 0.0
+    assert float(peft.init_grad_B) > 0 and float(peft.init_grad_A) == 0.0
+    assert torch.isnan(peft.init_rho_g)  # measured where the gap is estimated
+
+    g_hats = independent_gaps(gap, dm)
+    base = Blip2ForConditionalGeneration.from_pretrained(gap.hparams.backbone).eval()
+    outputs: dict[int, list[torch.Tensor]] = {}
+    for name, module in base.named_modules():
+        if name.endswith(("q_proj", "v_proj")):
+            layer = int(re.search(r"layers\.(\d+)\.", name).group(1))
+            module.register_forward_hook(lambda m, i, o, layer=layer: outputs.setdefault(layer, []).append(o))
+    batch = next(iter(dm.calibration_dataloader()))
+    loss = base(**{k: batch[k] for k in ("pixel_values", "input_ids", "attention_mask", "labels")}).loss
+    flat = [(layer, o) for layer, outs in outputs.items() for o in outs]
+    grads = torch.autograd.grad(loss, [o for _, o in flat])
+    ratios = []
+    for (layer, _), delta in zip(flat, grads):
+        delta = delta.reshape(-1, delta.shape[-1]).double()
+        g = g_hats[layer].double()
+        ratios.append(float((delta @ g).pow(2).mean() / delta.pow(2).sum(1).mean()))
+    assert len(ratios) == 4 and float(gap.init_rho_g) == pytest.approx(sum(ratios) / 4, rel=1e-4)
 
 
 @pytest.mark.parametrize("mismatch", ["map", "default"])
@@ -273,6 +315,7 @@ def test_full_config_fits_checkpoints_the_factors_resumes_and_tests(stand_in, tm
     holding the adapter factors only; a relaunch for a second epoch resumes from it (steps 3-4); ``test`` from
     the last checkpoint evaluates with finite loss, token accuracy and BLEU-4."""
     from litlab.cli import LitlabCLI
+    from litlab.lit_modules.peft.gap_init_full import INIT_STATS
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -292,20 +335,19 @@ def test_full_config_fits_checkpoints_the_factors_resumes_and_tests(stand_in, tm
         "val/token_acc",
         "val/bleu4",
         "val/cider",
-        "init/cos_B_g",
-        "init/gap_norm",
-        "init/max_delta",
+        *(f"init/{k}" for k in INIT_STATS),
     ):
         assert torch.isfinite(metrics[key]), key
     ckpt = first.run_dir / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
     trained = {n for n, p in first.model.named_parameters() if p.requires_grad}
-    assert set(saved) == trained | {"init_cos_B_g", "init_gap_norm", "init_max_delta"}
+    assert set(saved) == trained | {f"init_{k}" for k in INIT_STATS}
     assert len(trained) == 8 and all(".branches.default." in k for k in trained)  # 2 blocks x q, v x A, B
 
     resumed = LitlabCLI(args=["fit", *common, "--trainer.max_epochs=2", f"--ckpt_path={ckpt}"])
     assert resumed.trainer.global_step == 4 and resumed.model.initialised
-    assert float(resumed.model.init_cos_B_g) == float(saved["init_cos_B_g"])  # no second calibration
+    for key in ("init_cos_B_g", "init_rho_g", "init_grad_A"):  # from the checkpoint: no second calibration
+        assert float(getattr(resumed.model, key)) == float(saved[key])
     after = resumed.model.state_dict()
     assert any(not torch.equal(after[k], saved[k]) for k in trained)  # steps 3-4 moved the factors
 

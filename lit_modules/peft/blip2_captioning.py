@@ -1,8 +1,9 @@
 """BLIP-2 captioning, the pieces a method on it shares (Li et al., "BLIP-2: Bootstrapping Language-Image
 Pre-training with Frozen Image Encoders and Large Language Models", arXiv 2301.12597, §4.2 image captioning):
-the batch layout of ``Blip2ForConditionalGeneration`` (``CaptionEncoder``), BLIP's caption pre-processing, the words
-BLEU compares, the decoding settings, and the writers of a tiny BLIP-2 and a few COCO Karpathy records for stand-in
-runs (issue 32: the same classes and on-disk formats as the full scale, small sizes, offline, deterministic).
+the batch layout of ``Blip2ForConditionalGeneration`` (``CaptionEncoder``), BLIP's caption pre-processing, the
+language model's per-modality mean hidden states (``modality_means``), decoding (``decode_captions``), the caption
+metrics' words and CIDEr-D, and the writers of a tiny BLIP-2 and a few COCO Karpathy records for stand-in runs
+(issue 32: the same classes and on-disk formats as the full scale, small sizes, offline, deterministic).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,63 @@ class CaptionEncoder:
         """``[<image> × num_query_tokens][BOS] prompt`` for every image of a batch: where decoding starts."""
         row = [self.image_token_id] * self.n_query + self.prompt_ids
         return torch.tensor([row] * batch_size, dtype=torch.long)
+
+
+@torch.no_grad()
+def modality_means(
+    model: Any, batches: Iterable[dict[str, Tensor]], image_token_id: int, n_layers: int, device: torch.device
+) -> list[Tensor]:
+    """Per language-model block l < ``n_layers``, ``[n, 2, d]``: each pair's mean hidden state at the input of block
+    l (``output_hidden_states``) over its image-token positions, then over its text positions (the prompt and the
+    caption, not the padding); the model in eval mode, float32 on the CPU."""
+    was_training = model.training
+    model.eval()
+    pooled: list[list[Tensor]] = [[] for _ in range(n_layers)]
+    for batch in batches:
+        ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        out = model(
+            pixel_values=batch["pixel_values"].to(device, model.dtype),
+            input_ids=ids,
+            attention_mask=mask,
+            output_hidden_states=True,
+        )
+        visual = (ids == image_token_id).float()
+        text = mask.float() * (1 - visual)
+        for layer, h in enumerate(out.language_model_outputs.hidden_states[:n_layers]):
+            z_v = (h.float() * visual[..., None]).sum(1) / visual.sum(1, keepdim=True)
+            z_t = (h.float() * text[..., None]).sum(1) / text.sum(1, keepdim=True)
+            pooled[layer].append(torch.stack([z_v, z_t], 1).cpu())
+    model.train(was_training)
+    return [torch.cat(p) for p in pooled]
+
+
+@torch.no_grad()
+def decode_captions(
+    model: Any, encoder: CaptionEncoder, pixel_values: Tensor, decoding: Decoding
+) -> list[str]:
+    """The captions a ``Blip2ForConditionalGeneration`` writes after the prompt for a batch of images."""
+    prefix = encoder.generation_prefix(len(pixel_values)).to(pixel_values.device)
+    out = model.generate(
+        pixel_values=pixel_values.to(model.dtype),
+        input_ids=prefix,
+        attention_mask=torch.ones_like(prefix),
+        max_new_tokens=decoding.max_new_tokens,
+        min_new_tokens=decoding.min_new_tokens,
+        num_beams=decoding.num_beams,
+        do_sample=False,
+    )
+    new = out[:, prefix.shape[1] :] if torch.equal(out[:, : prefix.shape[1]], prefix) else out
+    return [c.strip() for c in encoder.tokenizer.batch_decode(new, skip_special_tokens=True)]
+
+
+def corpus_cider(pairs: list[tuple[str, list[str]]]) -> float | None:
+    """CIDEr-D of ``(caption, references)`` pairs gathered from every rank (its document frequencies are
+    corpus-level); None without a pair."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, pairs)
+        pairs = [p for part in gathered for p in part]
+    return cider_d([c for c, _ in pairs], [r for _, r in pairs]) if pairs else None
 
 
 # ---- stand-in writers: a tiny BLIP-2 of the full config's classes, a few COCO Karpathy records -----------------

@@ -35,9 +35,8 @@ reference (torchmetrics) and CIDEr-D (``blip2_captioning.cider_d``, the COCO eva
 lower-cased words without punctuation: not the COCO toolkit's PTB tokeniser, so close to but not exactly the
 paper's numbers.
 
-Checkpoints hold only what trains (the adapter factors) and the init statistics: the frozen backbone is the
-public one the config names, never copied into run folders. The model is BLIP-2 specific: the image tokens are
-the ``num_query_tokens`` placeholders BLIP-2's processor puts before the text.
+Checkpoints hold the adapter factors and the init statistics, never the public frozen backbone. BLIP-2 specific:
+the image tokens are the ``num_query_tokens`` placeholders BLIP-2's processor puts before the text.
 """
 
 from __future__ import annotations
@@ -62,8 +61,10 @@ from litlab.lit_modules.peft.blip2_captioning import (
     DECODING,
     CaptionEncoder,
     Decoding,
-    cider_d,
+    corpus_cider,
+    decode_captions,
     metric_words,
+    modality_means,
     pre_caption,
     write_coco_karpathy,
     write_tiny_blip2,
@@ -74,12 +75,21 @@ from litlab.lit_modules.peft.gap_init import (
     InitRule,
     Smooth,
     estimate_layer_gaps,
+    gap_dominance,
     gap_factors,
     reverse_random_factors,
 )
 
 Mismatch = Literal["map", "default"]
 LAYER = re.compile(r"\.layers\.(\d+)\.")
+INIT_STATS = (
+    "cos_B_g",
+    "gap_norm",
+    "rho_g",
+    "grad_A",
+    "grad_B",
+    "max_delta",
+)  # buffers init_<key>, logs init/<key>
 
 
 def llm_targets(targets: list[str]) -> str:
@@ -93,11 +103,11 @@ class GapInitCaptioning(L.LightningModule):
     fine-tuned on captions. Reads ``trainer.datamodule`` through ``litlab.lit_modules.peft.contract.CaptionedImages``
     (the project's: ``litlab.datamodules.coco_caption.CocoKarpathyCaptionDataModule``).
 
-    Logs ``train/loss``; ``val/loss``, ``val/token_acc``, ``val/bleu4``, ``val/cider`` (``test/…`` alike); under
-    ``init: gap`` also ``init/cos_B_g`` (mean cos(B[:, 0], ĝ_l) over the adapted modules), ``init/gap_norm`` (mean
-    over layers of ‖mean_i g_{i,l}‖) and, for every rule, ``init/max_delta`` (max |ΔW| over the modules right after
-    the initialisation: 0, the adapter is a no-op at step 0). The frozen backbone stays in eval mode, as
-    ``from_pretrained`` leaves it (no dropout)."""
+    Logs ``train/loss``; ``val/loss``, ``val/token_acc``, ``val/bleu4``, ``val/cider`` (``test/…`` alike); at
+    validation, what the init measured, where it did (``init/<key>``, ``INIT_STATS``): ``cos_B_g`` (mean cos(B[:, 0],
+    ĝ_l)), ``gap_norm`` (mean over layers of ‖mean_i g_{i,l}‖), ``rho_g`` (the premise at step 0), ``grad_A``,
+    ``grad_B`` (the first step's factor gradient norms, §7.3), ``max_delta`` (max |ΔW| after the init: 0, a no-op).
+    The frozen backbone stays in eval mode, as ``from_pretrained`` leaves it (no dropout)."""
 
     def __init__(
         self,
@@ -154,8 +164,8 @@ class GapInitCaptioning(L.LightningModule):
         self.strict_loading = False
         self.adapted: dict[str, AdapterLinear] | None = None
         self.initialised = init != "gap"  # gap needs the calibration pass, on the device (on_fit_start)
-        for name in ("init_cos_B_g", "init_gap_norm", "init_max_delta"):
-            self.register_buffer(name, torch.tensor(float("nan")))
+        for key in INIT_STATS:
+            self.register_buffer(f"init_{key}", torch.tensor(float("nan")))
         self.val_bleu, self.test_bleu = BLEUScore(n_gram=4), BLEUScore(n_gram=4)
         # (caption, references) of the evaluation epoch, for CIDEr-D
         self.decoded: list[tuple[str, list[str]]] = []
@@ -185,14 +195,10 @@ class GapInitCaptioning(L.LightningModule):
         if hp.init != "gap":
             self._record_no_op()
 
-    def on_fit_start(self) -> None:
+    def on_fit_start(self) -> None:  # and before a validate or test without a checkpoint
         self._initialise()
 
-    def on_validation_start(self) -> None:
-        self._initialise()
-
-    def on_test_start(self) -> None:
-        self._initialise()
+    on_validation_start = on_test_start = on_fit_start
 
     def _initialise(self) -> None:
         """(1)–(3) once, with the model on its device; a checkpoint's factors (``on_load_checkpoint``) stand instead."""
@@ -217,40 +223,55 @@ class GapInitCaptioning(L.LightningModule):
             self._set_factors(layer, A0, B0)
         self.init_cos_B_g.fill_(float(torch.stack(cosines).mean()) if cosines else float("nan"))
         self.init_gap_norm.fill_(float(torch.stack([g[1].mean(0).norm() for g in gaps.values()]).mean()))
+        if (
+            not torch.is_inference_mode_enabled()
+        ):  # validate / test run in inference mode: no gradient to read
+            first = next(iter(self.trainer.datamodule.calibration_dataloader()))
+            self.init_rho_g.fill_(self.gap_dominance_at_init(first, {k: g[0] for k, g in gaps.items()}))
         self._record_no_op()
         self.initialised = True
 
-    @torch.no_grad()
+    @torch.enable_grad()
+    def gap_dominance_at_init(self, batch: dict[str, Tensor], g_hats: dict[int, Tensor]) -> float:
+        """The premise (spec §6.7, §7.4): ρ_g = E[(ĝ_l·δ)²] / E[‖δ‖²] of the captioning loss's gradients δ at the
+        outputs of the adapted modules of width d, at step 0 (the adapters are a no-op, so δ is the same under
+        every init rule), on one calibration batch; the mean over modules (1/d for directions unrelated to ĝ)."""
+        ratios, handles = [], []
+
+        def tap(g_hat: Tensor):
+            def hook(module, inputs, output: Tensor) -> None:
+                output.register_hook(
+                    lambda d: ratios.append(gap_dominance(d.reshape(-1, d.shape[-1]), g_hat))
+                )
+
+            return hook
+
+        for name, layer in self.adapted.items():
+            g_hat = g_hats[int(LAYER.search(name).group(1))].to(self.device)
+            if layer.out_features == g_hat.numel():
+                handles.append(layer.register_forward_hook(tap(g_hat)))
+        try:
+            with self.trainer.precision_plugin.forward_context():
+                self._forward({k: v.to(self.device) for k, v in batch.items()}).loss.backward()
+        finally:
+            for handle in handles:
+                handle.remove()
+            for p in adapter_parameters(self.adapted):
+                p.grad = None  # a measurement, not a training step
+        return sum(ratios) / len(ratios) if ratios else float("nan")
+
     def layer_gaps(self, loader) -> dict[int, tuple[Tensor, Tensor]]:
         """(1)–(2): ``{l: (ĝ_l, per-sample gaps [n, d])}`` for l = 0..L−1 from a pass of the frozen model (its
         adapters are still a no-op) over ``loader``. Each pair's hidden states are pooled to its two means as the
-        batch passes; ``estimate_layer_gaps`` then reads the pooled [n, 2, d] (visual mean, text mean), which is
-        the same as reading every position."""
-        was_training = self.model.training
-        self.model.eval()
-        pooled: list[list[Tensor]] = [[] for _ in range(self.n_layers)]
-        for batch in loader:
-            ids = batch["input_ids"].to(self.device)
-            mask = batch["attention_mask"].to(self.device)
-            with self.trainer.precision_plugin.forward_context():
-                out = self.model(
-                    pixel_values=batch["pixel_values"].to(self.device, self.model.dtype),
-                    input_ids=ids,
-                    attention_mask=mask,
-                    output_hidden_states=True,
-                )
-            visual = (ids == self.encoder.image_token_id).float()
-            text = mask.float() * (1 - visual)  # the prompt and the caption; not the padding
-            for layer, h in enumerate(out.language_model_outputs.hidden_states[: self.n_layers]):
-                h = h.float()
-                z_v = (h * visual[..., None]).sum(1) / visual.sum(1, keepdim=True)
-                z_t = (h * text[..., None]).sum(1) / text.sum(1, keepdim=True)
-                pooled[layer].append(torch.stack([z_v, z_t], 1).cpu())
-        self.model.train(was_training)
-        hidden = [torch.cat(p) for p in pooled]
-        n = hidden[0].shape[0]
+        batch passes (``modality_means``); ``estimate_layer_gaps`` then reads the pooled [n, 2, d] (visual mean,
+        text mean), which is the same as reading every position."""
+        with self.trainer.precision_plugin.forward_context():
+            pooled = modality_means(
+                self.model, loader, self.encoder.image_token_id, self.n_layers, self.device
+            )
+        n = pooled[0].shape[0]
         only = lambda k: torch.tensor([[k == 0, k == 1]] * n)  # noqa: E731  (position 0: visual, 1: text)
-        return estimate_layer_gaps(hidden, only(0), only(1), self.hparams.smooth)
+        return estimate_layer_gaps(pooled, only(0), only(1), self.hparams.smooth)
 
     @torch.no_grad()
     def _set_factors(self, layer: AdapterLinear, A0: Tensor, B0: Tensor) -> None:
@@ -290,16 +311,17 @@ class GapInitCaptioning(L.LightningModule):
         correct = (out.logits[:, :-1].argmax(-1) == target) & scored
         self.log(f"{stage}/loss", out.loss, batch_size=n_tokens, sync_dist=True)
         self.log(f"{stage}/token_acc", correct.sum() / n_tokens, batch_size=n_tokens, sync_dist=True)
-        decoded = [metric_words(c) for c in self.captions(batch["pixel_values"])]
+        captions = decode_captions(self.model, self.encoder, batch["pixel_values"], self.decoding)
+        decoded = [metric_words(c) for c in captions]
         refs = [[metric_words(r) for r in rs] for rs in batch["references"]]
         bleu.update(decoded, refs)
         self.log(f"{stage}/bleu4", bleu, batch_size=len(refs))
         self.decoded += zip(decoded, refs)
-        if stage == "val" and self.hparams.init == "gap":
-            for key in ("cos_B_g", "gap_norm"):
-                self.log(f"init/{key}", getattr(self, f"init_{key}"), batch_size=1)
-        if stage == "val":
-            self.log("init/max_delta", self.init_max_delta, batch_size=1)
+        if stage == "val":  # what the init measured (NaN where not measured: not logged)
+            for key in INIT_STATS:
+                value = getattr(self, f"init_{key}")
+                if torch.isfinite(value):
+                    self.log(f"init/{key}", value, batch_size=1)
 
     def on_validation_epoch_end(self) -> None:
         self._log_cider("val")
@@ -308,33 +330,21 @@ class GapInitCaptioning(L.LightningModule):
         self._log_cider("test")
 
     def _log_cider(self, stage: str) -> None:
-        """CIDEr-D over the epoch's images (its document frequencies are corpus-level: every rank's captions)."""
-        pairs, self.decoded = self.decoded, []  # the next epoch starts empty
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            gathered: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, pairs)
-            pairs = [p for part in gathered for p in part]
-        if pairs:
-            self.log(
-                f"{stage}/cider", cider_d([c for c, _ in pairs], [r for _, r in pairs]), batch_size=len(pairs)
-            )
+        cider, self.decoded = (
+            corpus_cider(self.decoded),
+            [],
+        )  # over every rank's images; the next epoch starts empty
+        if cider is not None:
+            self.log(f"{stage}/cider", cider, batch_size=1)
 
-    @torch.no_grad()
-    def captions(self, pixel_values: Tensor) -> list[str]:
-        """Decoded captions (after the prompt) of a batch of images, by the config's ``decoding``."""
-        prefix = self.encoder.generation_prefix(len(pixel_values)).to(self.device)
-        d = self.decoding
-        out = self.model.generate(
-            pixel_values=pixel_values.to(self.model.dtype),
-            input_ids=prefix,
-            attention_mask=torch.ones_like(prefix),
-            max_new_tokens=d.max_new_tokens,
-            min_new_tokens=d.min_new_tokens,
-            num_beams=d.num_beams,
-            do_sample=False,
-        )
-        new = out[:, prefix.shape[1] :] if torch.equal(out[:, : prefix.shape[1]], prefix) else out
-        return [c.strip() for c in self.encoder.tokenizer.batch_decode(new, skip_special_tokens=True)]
+    def on_before_optimizer_step(self, optimizer) -> None:
+        if (
+            self.global_step == 0
+        ):  # the first step's gradients (spec §7.3): Gap-Init reaches A only, PEFT B only
+            for key in ("A", "B"):
+                grads = [m.branches["default"].factors()[key].grad for m in self.adapted.values()]
+                norms = [g.float().norm() for g in grads if g is not None]
+                getattr(self, f"init_grad_{key}").fill_(float(torch.stack(norms).norm()) if norms else 0.0)
 
     def configure_optimizers(self):
         hp = self.hparams
