@@ -20,6 +20,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from litlab.callbacks.divergence import first_nonfinite
 from litlab.callbacks.preemption import PreemptionCheckpoint
+from litlab.callbacks.step_log import log_step_before_checkpoint
 from litlab.lit_modules.core.errors import RunDiverged, RunIOError, RunStopped
 from litlab.lit_modules.core.io import atomic_write_json
 from litlab.lit_modules.core.seeding import seed_ledger
@@ -97,7 +98,9 @@ class RunSummary(L.Callback):
         self._write(trainer, "fit", "finished")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        # the logs up to a checkpoint reach the disk with it: a run killed after the checkpoint keeps them
+        # the logs up to a checkpoint reach the disk with it, the checkpoint's own step included (written inside
+        # on_train_batch_end, before Lightning logs that step): a run killed after the checkpoint keeps them
+        log_step_before_checkpoint(trainer)
         for logger in trainer.loggers:
             if isinstance(logger, CSVLogger):
                 logger.save()

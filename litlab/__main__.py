@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 if __name__ == "__main__" and sys.path and sys.path[0] in ("", os.getcwd()):
@@ -13,7 +14,7 @@ if __name__ == "__main__" and sys.path and sys.path[0] in ("", os.getcwd()):
 
 import warnings  # noqa: E402  (after the working directory left sys.path)
 
-from litlab.lit_modules.core.errors import USER_ERRORS, RunStopped  # noqa: E402
+from litlab.lit_modules.core.errors import USER_ERRORS, RunPreempted, RunStopped  # noqa: E402
 from litlab.runs import wandb_mode
 
 # LightningCLI's subcommands: `litlab.cli` imports Lightning and every method module (seconds), so only these load it
@@ -68,6 +69,21 @@ def prepare_process() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)
 
 
+def _preempted_outside_training(signum: int, frame: object) -> None:
+    """SIGTERM before Lightning's own handler is installed (building the model, loading data, setup): without this
+    Python's default ends the process with no word. Inside a fit Lightning composes this handler after its own;
+    then Lightning's path owns the signal (a checkpoint at the step, ``PreemptionCheckpoint``) and this does nothing."""
+    if signal.getsignal(signum) is not _preempted_outside_training:
+        return
+    name = signal.Signals(signum).name
+    raise RunPreempted(
+        f"preempted by {name} outside the training loop (before it started, or after it ended): no checkpoint "
+        "written at this point; relaunch the same command (with --ckpt_path last where a checkpoint exists)",
+        status=f"preempted: {name} outside training",
+        signal_number=signum,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs a subcommand. A user error (``USER_ERRORS``: bad or missing file, model or data, busy run folder) is one
     line on stderr naming the cause and the file, exit code 2; ``--debug`` or ``LITLAB_DEBUG=1`` shows the
@@ -85,6 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         prepare_process()
         if argv[0] in TOOLS:
             return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
+        if (
+            from_shell
+            and sys.platform != "win32"
+            and signal.getsignal(signal.SIGTERM) in (None, signal.SIG_DFL)
+        ):
+            signal.signal(
+                signal.SIGTERM, _preempted_outside_training
+            )  # exit 143 and a message, not a silent death
         from litlab.cli import LitlabCLI  # imports every method module: only for LightningCLI's subcommands
         from litlab.standin import expand_stand_in_flag
 

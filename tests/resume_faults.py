@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class KillAfterCheckpoint(L.Callback):
@@ -138,3 +139,26 @@ class KillWhileWriting(L.Callback):
                 os.kill(os.getpid(), signal.SIGKILL)
 
         checkpoint_io.torch.save = save  # this process dies in it: nothing to restore
+
+
+class KillRightAfterStepCheckpoint(ModelCheckpoint):
+    """A ModelCheckpoint that SIGKILLs its process right after it wrote the mid-epoch checkpoint of global step
+    ``kill_at_step``: inside that step's ``on_train_batch_end``, before Lightning hands the step's metrics to the
+    loggers (the gap in which a kill used to lose the step's row for good)."""
+
+    def __init__(self, kill_at_step: int, **kwargs):
+        super().__init__(**kwargs)
+        self.kill_at_step = kill_at_step
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        if trainer.global_step == self.kill_at_step and Path(filepath).name != "last.ckpt":
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+class SignalInSetup(L.Callback):
+    """Sends the process SIGTERM from the ``setup`` hook: before Lightning installs its own signal handlers (a
+    scheduler preempting a job that is still loading its model or data)."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)

@@ -268,3 +268,61 @@ def test_repro_counts_a_diverged_run_as_failed_never_as_a_number(tmp_path, capsy
     assert not (out / "tiny" / "results.json").exists()  # no number
     report = (out / "tiny" / "report.md").read_text()  # and the report says why
     assert "no result" in report and "did not finish: diverged: loss at step 2" in report
+
+
+def test_a_kill_right_after_a_mid_epoch_checkpoint_keeps_that_steps_row(tmp_path):
+    """Killed inside step 5's on_train_batch_end, just after its checkpoint was written and before Lightning logs the
+    step: the row of step 5 is on disk already, and the resumed attempt logs each later step once — together the
+    two attempts hold every (metric, step) of an uninterrupted run, with its values."""
+    import csv
+
+    def rows(run_dir: Path) -> dict[tuple[str, int], list[float]]:
+        out: dict[tuple[str, int], list[float]] = {}
+        for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
+            for row in csv.DictReader(path.open()):
+                for key, value in row.items():
+                    if key.startswith("train/") and value:
+                        out.setdefault((key, int(row["step"])), []).append(float(value))
+        return out
+
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT / "tests"), "OMP_NUM_THREADS": "1"}
+    every_step = ["--trainer.max_steps=12", "--trainer.log_every_n_steps=1"]
+    checkpoint = callback(
+        "KillRightAfterStepCheckpoint",
+        kill_at_step=5,
+        dirpath=str(tmp_path / "lokra" / "K" / "checkpoints"),
+        every_n_train_steps=5,
+        save_last=True,
+    )
+    cmd = [sys.executable, "-m", "litlab", *ARGS, f"--runs_dir={tmp_path}", "--run_id=K", *every_step]
+    out = subprocess.run(
+        [*cmd, checkpoint], env=env, capture_output=True, text=True, timeout=300, start_new_session=True
+    )
+    assert out.returncode == -9, out.stderr[-3000:]
+    run_dir = tmp_path / "lokra" / "K"
+    killed = rows(run_dir)
+    assert ("train/loss", 4) in killed, sorted(killed)  # step 5 is the 5th batch: logged at step index 4
+    fit(tmp_path, *every_step, "--ckpt_path=last", run_id="K")
+    reference = rows(fit(tmp_path, *every_step, run_id="uninterrupted").run_dir)
+    resumed = rows(run_dir)
+    assert sorted(resumed) == sorted(reference)
+    assert all(len(v) == 1 for v in resumed.values()), {k: v for k, v in resumed.items() if len(v) > 1}
+    assert resumed == reference
+
+
+def test_sigterm_before_training_is_a_preemption_with_exit_143_not_a_silent_death(tmp_path):
+    """SIGTERM while the run is still being set up (Lightning's handler not installed yet): one line naming the
+    signal, exit 143 as for a preemption inside training, no traceback."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT / "tests"), "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "litlab",
+        *ARGS,
+        f"--runs_dir={tmp_path}",
+        "--run_id=S",
+        callback("SignalInSetup"),
+    ]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 143, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "preempted by SIGTERM outside the training loop" in out.stderr
