@@ -226,3 +226,27 @@ def test_the_smollm2_route_shares_the_hf_loop_without_padding(stand_in):
     sum(losses.values()).backward()
     assert all(p.grad is None for p in model.frozen_lm.parameters())
     assert all(p.grad is not None for p in (model.soft_prompt, model.reg_embedding, *model.head.parameters()))
+
+
+@pytest.mark.parametrize("mode", ["grid", "digits"])
+def test_a_bf16_backbone_trains_without_autocast(stand_in, mode):
+    """full.yaml's bf16 backbone under fp32 precision (no autocast): the prompt enters in the LM's dtype, its head's
+    logits are read in it, the trained head in fp32; losses finite, gradients reach P."""
+    dm = _datamodule(stand_in[1])
+    batch = dict(zip(("ids", "mask", "y", "z"), dm.tensors["train"][:4]))
+    model = SPRRAFT(
+        backbone=_arg(stand_in[1], "model.init_args.backbone"),
+        backbone_dtype="bfloat16",
+        prompt_len=3,
+        raft_mode=mode,
+        lambda_raft=1.0 if mode == "grid" else 0.0,
+    )
+    model.trainer = types.SimpleNamespace(datamodule=dm)
+    model.setup("fit")
+    assert model.frozen_lm.dtype == torch.bfloat16 and model.soft_prompt.dtype == torch.float32
+    losses = model.losses(batch)
+    assert all(torch.isfinite(v) for v in losses.values())
+    sum(losses.values()).backward()
+    assert model.soft_prompt.grad is not None and model.soft_prompt.grad.abs().sum() > 0
+    preds = model.predict_all(batch["ids"], batch["mask"])
+    assert all(torch.isfinite(p).all() and p.dtype == torch.float32 for p in preds.values())

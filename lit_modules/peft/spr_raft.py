@@ -317,8 +317,9 @@ class SPRRAFT(L.LightningModule):
     ) -> tuple[Tensor, Tensor | None]:
         """(2) on the pretrained LM: the last hidden state (after its final norm) and the LM head's logits only at
         ``logit_positions`` (None: none; SmolLM2's head costs 28 M multiply-adds per position, Qwen3-4B's 389 M)."""
-        h = lm_hidden(self.frozen_lm, *self._hf_embed(ids, mask)).to(self.soft_prompt.dtype)
-        return h, None if logit_positions is None else self.frozen_lm.lm_head(h[:, logit_positions])
+        h = lm_hidden(self.frozen_lm, *self._hf_embed(ids, mask))  # in the LM's dtype, as its head reads it
+        logits = None if logit_positions is None else self.frozen_lm.lm_head(h[:, logit_positions])
+        return h.to(self.soft_prompt.dtype), logits
 
     def _loss_forward(self, ids: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None, int]:
         """Hidden states, logits and the position of the logits' first column: all positions for the char GPT;
