@@ -1,28 +1,30 @@
 #!/usr/bin/env bash
-# GPU checks that CI (CPU only) cannot run: kernels a/b/c1/c2 natively against their references, AdapterLinear's fused
-# LoRA path, the kernel benchmark and SALE's prefill timing (dense SDPA vs SALE vs pooled, 4K-32K, bf16 and fp32).
-# Needs only a python3 with torch (CUDA), triton, transformers, lightning, matplotlib and pytest: the checkout is
-# imported in place (no install), so it also runs on a machine without package-index access.
-#   .ci/gpu_checks.sh [out folder, default runs/gpu]
+# GPU checks that CI (CPU only) cannot run, in one call of at most 10 minutes on one GPU (.ci/gpu_checks.py):
+# kernels a/b/c1/c2 natively against their references (tests/test_kernels.py, tests/test_adapters_fused.py),
+# AdapterLinear's fused LoRA path against the unfused one (time and error), SALE's prefill against dense SDPA
+# (bf16, 4K-64K tokens), xKV's decode against the dense KV cache (benchmarks/xkv_decode.py), `litlab bench kernels`,
+# and 20 steps of every card's full config on its stand-in on CUDA (`litlab fit --config configs/<slug>/full.yaml
+# --stand-in`, the config's precision, one-GPU DDP). Writes <out>/gpu_checks.json and <out>/gpu_checks.md, each
+# check's log in <out>/logs/. On a machine without CUDA it runs what it can and lists what it skipped and why.
+# Needs only a python3 with torch, triton, transformers, diffusers, lightning and pytest: the checkout is imported
+# in place (no install), so it also runs on a machine without package-index access.
+#   .ci/gpu_checks.sh [out folder, default runs/gpu] [gpu_checks.py options, e.g. --checks env,standin]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT_DIR=${1:-runs/gpu}
+shift || true
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 PKG=$(mktemp -d)
+trap 'rm -rf "$PKG"' EXIT
 mkdir -p "$PKG/litlab"
 cp litlab/*.py "$PKG/litlab/"
 for d in kernels lit_modules datamodules callbacks strategies benchmarks; do ln -sfn "$ROOT/$d" "$PKG/litlab/$d"; done
 export PYTHONPATH=$PKG PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.cuda.is_available())"
-} 2>&1 | tee "$OUT_DIR/env.txt"
-timeout 300 python3 -m pytest -q -p no:cacheprovider -o addopts="" -m "not slow" -rs \
-  tests/test_kernels.py tests/test_adapters_fused.py 2>&1 | tee "$OUT_DIR/pytest_gpu.txt" | tail -25
-timeout 200 python3 -c "from litlab.benchmarks.kernels import main; main(['--kernel', 'a', 'b', 'c1', 'c2', '--out', '$OUT_DIR/kernels_bench.md'])" 2>&1 | tail -30
-for dtype in bfloat16 float32; do
-  timeout 200 python3 -c "from litlab.benchmarks.sale_prefill import main; main(['--device', 'cuda', '--dtype', '$dtype', '--lengths', '4096', '8192', '16384', '32768', '--reps', '5', '--json', '$OUT_DIR/sale_prefill_$dtype.json'])" 2>&1 | tee "$OUT_DIR/sale_prefill_$dtype.txt" | tail -8
-done
-rm -rf "$PKG"
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT_DIR/env.txt"
+else
+  echo "nvidia-smi not found: no NVIDIA GPU here; the checks that need CUDA are skipped" | tee "$OUT_DIR/env.txt"
+fi
+timeout 600 python3 .ci/gpu_checks.py --out "$OUT_DIR" "$@"
