@@ -11,7 +11,7 @@ PYTEST_WORKERS ?= 2
 # a test that runs past this fails with its stack (pytest-timeout) instead of running the CI job out of time
 TEST_TIMEOUT_S ?= 900
 
-.PHONY: install install-dev check-torch demo test test-slow lint typecheck clean smollm2 minilm rl readme report
+.PHONY: install install-dev check-torch demo test test-slow lint typecheck clean smollm2 minilm rl readme report full-scale-doc
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,10 @@ readme: install
 	$(BIN)/python -c "import pathlib; from litlab.verdicts import cards_markdown; p = pathlib.Path('README.md'); \
 	b, e = '<!-- cards:begin (make readme) -->\n', '<!-- cards:end -->'; s = p.read_text(); \
 	p.write_text(s.split(b)[0] + b + cards_markdown() + e + s.split(e, 1)[1])"
+
+# docs/full-scale.md: every card's full-scale runs with parameters, memory and GPU-hours (tests/test_full_plan.py)
+full-scale-doc: install
+	$(BIN)/litlab repro --full-scale-table > docs/full-scale.md
 
 # the static site of every card's verdicts, claims and figures (litlab.site): open runs/site/index.html
 report: install
