@@ -18,7 +18,7 @@ import re
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from litlab.datamodules.hub_corpus import CorpusSource, _take, open_records, question_answer, resolve
 from litlab.lit_modules.core.config import as_config
@@ -62,7 +62,9 @@ class HubTaskDataModule(L.LightningDataModule):
     """A task of the paper read from Hugging Face data sets, as the ``TaskData`` contract of the analysis family:
     ``examples()`` (the first ``n_examples`` records of ``train_source``, in an order drawn from the run's
     ``data.order`` stream: a program transmits prefixes of it), ``eval_pairs()`` (the first ``n_eval`` records of
-    ``eval_source``) and ``score(generated, answer)``. Its one training batch is the ordered example list."""
+    ``eval_source``) and ``score(generated, answer)``. Every training batch is the ordered example list, marked
+    ``point_per_step``: ``TaskComplexity`` then measures one group of points per step (each checkpointed) and stops
+    the fit after the last; its one validation batch is the evaluation pairs."""
 
     def __init__(
         self,
@@ -119,5 +121,19 @@ class HubTaskDataModule(L.LightningDataModule):
         return gsm8k_score(generated, answer)
 
     def train_dataloader(self) -> DataLoader:
-        # one batch: the ordered examples (the module's strategies transmit prefixes of it)
-        return DataLoader([0], batch_size=1, collate_fn=lambda _: {"examples": self.examples()})
+        # the ordered examples (the module's strategies transmit prefixes of it), as every batch of an endless
+        # stream: the module measures one group of points per step and stops the fit after the last
+        return DataLoader(_Repeat(self), batch_size=None, collate_fn=lambda batch: batch)
+
+    def val_dataloader(self) -> DataLoader:
+        # one batch: the evaluation pairs (the checkpoint's zero-payload performance)
+        return DataLoader([0], batch_size=1, collate_fn=lambda _: {"eval_pairs": self.eval_pairs()})
+
+
+class _Repeat(IterableDataset):
+    def __init__(self, dm: HubTaskDataModule) -> None:
+        self.dm = dm
+
+    def __iter__(self):
+        while True:
+            yield {"examples": self.dm.examples(), "point_per_step": True}

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -529,6 +530,38 @@ def lora_points(
     return rows
 
 
+def frontier_groups(
+    model: nn.Module,
+    examples: Pairs,
+    eval_pairs: Pairs,
+    plan: StrategyPlan = PLAN,
+    tokenizer: TextTokens = TOKENIZER,
+    score: Scorer | None = None,
+) -> list[Callable[[], list[dict]]]:
+    """The points of ``plan`` in the order ``measure_frontier`` measures them, in groups that each call measures:
+    the baseline, each ICL k, each online n, LoRA with its quantisations."""
+
+    def baseline() -> list[dict]:
+        return [
+            _row("baseline", "", 0, exact_match(model, eval_pairs, "", plan.max_new_tokens, tokenizer, score))
+        ]
+
+    def icl(k: int) -> list[dict]:
+        prompt = "".join(q + a for q, a in examples[:k])
+        perf = exact_match(model, eval_pairs, prompt, plan.max_new_tokens, tokenizer, score)
+        return [_row("icl", f"k={k}", prompt_bits(model, prompt, tokenizer, plan.icl_smoothing_eps), perf)]
+
+    groups: list[Callable[[], list[dict]]] = [baseline] if plan.baseline else []
+    groups += [functools.partial(icl, k) for k in plan.icl_k]
+    groups += [
+        functools.partial(lambda n: [online_point(model, examples, n, eval_pairs, plan, tokenizer, score)], n)
+        for n in plan.online_n
+    ]
+    if plan.lora_bits is not None and plan.lora_examples > 0:
+        groups.append(lambda: lora_points(model, examples, eval_pairs, plan, tokenizer, score))
+    return groups
+
+
 def measure_frontier(
     model: nn.Module,
     examples: Pairs,
@@ -539,29 +572,15 @@ def measure_frontier(
     score: Scorer | None = None,
 ) -> list[dict]:
     """Every strategy point of ``plan`` for the frozen ``model`` (not modified): rows with strategy, knob,
-    bits_payload, bits_script, bits_total and perf (exact match on ``eval_pairs``), in ``tokenizer``'s tokens
-    (litlab's characters by default; ``HFTokens`` for a Hugging Face model)."""
+    bits_payload, bits_script, bits_total and perf (exact match on ``eval_pairs``, or the task's ``score``), in
+    ``tokenizer``'s tokens (litlab's characters by default; ``HFTokens`` for a Hugging Face model)."""
     model = model.eval()
     rows: list[dict] = []
-
-    def add(r: dict) -> None:
-        rows.append(r)
-        if progress is not None:
-            progress(r)
-
-    if plan.baseline:
-        add(
-            _row("baseline", "", 0, exact_match(model, eval_pairs, "", plan.max_new_tokens, tokenizer, score))
-        )
-    for k in plan.icl_k:
-        prompt = "".join(q + a for q, a in examples[:k])
-        perf = exact_match(model, eval_pairs, prompt, plan.max_new_tokens, tokenizer, score)
-        add(_row("icl", f"k={k}", prompt_bits(model, prompt, tokenizer, plan.icl_smoothing_eps), perf))
-    for n in plan.online_n:
-        add(online_point(model, examples, n, eval_pairs, plan, tokenizer, score))
-    if plan.lora_bits is not None and plan.lora_examples > 0:
-        for r in lora_points(model, examples, eval_pairs, plan, tokenizer, score):
-            add(r)
+    for group in frontier_groups(model, examples, eval_pairs, plan, tokenizer, score):
+        for r in group():
+            rows.append(r)
+            if progress is not None:
+                progress(r)
     return rows
 
 
@@ -724,6 +743,7 @@ class TaskComplexity(L.LightningModule):
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.rows: list[dict] = []
+        self.groups_done = 0  # frontier_groups measured (one per step with a point_per_step DataModule)
 
     def setup(self, stage: str) -> None:
         check_data(self.trainer.datamodule, TaskData, type(self).__name__)
@@ -734,21 +754,50 @@ class TaskComplexity(L.LightningModule):
         return torch.optim.SGD([nn.Parameter(torch.zeros(()))], lr=0.0)
 
     def training_step(self, batch, batch_idx: int) -> None:
-        self.optimizers().step()
         dm = self.trainer.datamodule
         plan = self.plan
         if self.trainer.fast_dev_run:  # a smoke run: the cheapest points only
             plan = dataclasses.replace(plan, icl_k=plan.icl_k[:1], online_n=(), lora_examples=0)
+        if batch.get("point_per_step", False):
+            return self._measure_next_group(dm, batch["examples"], plan)
+        self.optimizers().step()
         self.rows = measure_frontier(
             self.model, batch["examples"], dm.eval_pairs(), plan, tokenizer=self.tokens, score=dm.score
         )
-        counted = "bits_payload"
+        self._log_rows(self.rows)
+        self._finish(dm)
+
+    def _measure_next_group(self, dm, examples: Pairs, plan: StrategyPlan) -> None:
+        """One group of ``frontier_groups`` per training step (a DataModule whose batches say ``point_per_step``:
+        the full scale's long strategies, each checkpointed, so a resumed fit goes on with the next one); the fit
+        stops after the last group, and a relaunch of a finished measurement steps no further."""
+        groups = frontier_groups(self.model.eval(), examples, dm.eval_pairs(), plan, self.tokens, dm.score)
+        if self.groups_done >= len(groups):
+            self.trainer.should_stop = True
+            return
+        self.optimizers().step()
+        rows = groups[self.groups_done]()
+        self.rows, self.groups_done = self.rows + rows, self.groups_done + 1
+        self._log_rows(rows)
+        if self.groups_done == len(groups):
+            self._finish(dm)
+            self.trainer.should_stop = True
+
+    def _counted(self, rows: list[dict]) -> tuple[list[dict], str]:
         if self.hparams.count_script_bits:
-            self.rows, counted = with_released_script_bits(self.rows), "bits_total"
-        for r in self.rows:
+            return with_released_script_bits(rows), "bits_total"
+        return rows, "bits_payload"
+
+    def _log_rows(self, rows: list[dict]) -> None:
+        rows, counted = self._counted(rows)
+        for r in rows:
             key = f"tc/{r['strategy']}" + (f"[{r['knob']}]" if r["knob"] else "")
             self.log(f"{key}/bits", float(r[counted]), on_step=True, on_epoch=False)
             self.log(f"{key}/perf", float(r["perf"]), on_step=True, on_epoch=False)
+
+    def _finish(self, dm) -> None:
+        """The frontier's summary (``tc/<summary>``) and ``task_complexity.json`` / its figure."""
+        self.rows, counted = self._counted(self.rows)
         for k, v in summarize(self.rows, self.deltas, bits=counted).items():
             self.log(f"tc/{k}", float(v), on_step=True, on_epoch=False, prog_bar=k == "max_perf")
         if self.trainer.is_global_zero:
@@ -769,8 +818,18 @@ class TaskComplexity(L.LightningModule):
                     {self.state_tag: self.rows}, root / "task_complexity_frontier.png", dm.task
                 )
 
+    def validation_step(self, batch, batch_idx: int) -> None:
+        """The checkpoint's zero-payload performance on the task's evaluation pairs (``val/perf``; a DataModule
+        with a validation loader: ``datamodules.hub_tasks``)."""
+        dm = self.trainer.datamodule
+        perf = exact_match(
+            self.model.eval(), batch["eval_pairs"], "", self.plan.max_new_tokens, self.tokens, dm.score
+        )
+        self.log("val/perf", perf, batch_size=len(batch["eval_pairs"]))
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["task_complexity_rows"] = self.rows
+        checkpoint["task_complexity_groups_done"] = self.groups_done
         if (
             self.hparams.backbone != "tiny_gpt"
         ):  # public weights or a seeded init: not copied into run folders
@@ -778,6 +837,7 @@ class TaskComplexity(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.rows = list(checkpoint.get("task_complexity_rows", []))
+        self.groups_done = int(checkpoint.get("task_complexity_groups_done", 0))
 
 
 # ---- card report hook -------------------------------------------------------------------------------------------------
