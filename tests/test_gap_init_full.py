@@ -11,6 +11,7 @@ the frozen model's hidden states (spec §3.2) and the init rules (§3.3): only t
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -75,7 +76,7 @@ def initialise(model, dm):
     ).validate(model, datamodule=dm, verbose=False)
 
 
-def test_coco_karpathy_layout_and_blip2_batches(stand_in, monkeypatch):
+def test_coco_karpathy_layout_and_blip2_batches(stand_in, tmp_path, monkeypatch):
     from litlab.datamodules.coco_caption import CocoKarpathyCaptionDataModule
     from litlab.lit_modules.core.errors import DatasetUnavailableError
     from litlab.lit_modules.peft.blip2_captioning import pre_caption
@@ -113,6 +114,17 @@ def test_coco_karpathy_layout_and_blip2_batches(stand_in, monkeypatch):
     with pytest.raises(ValueError, match=r"max_text_tokens=4 leaves no room .*'a photo of'"):
         CaptionEncoder(parts, n_query, enc.image_token_id, "a photo of", max_text_tokens=4)
     calib = list(dm.calibration_dataloader())
+    # an image the split file names but the folder lacks stops the loader naming it
+    record = {"filepath": "train2014", "filename": "COCO_train2014_000000000001.jpg", "split": "train"}
+    (tmp_path / "dataset_coco.json").write_text(
+        json.dumps({"images": [{**record, "sentences": [{"raw": "a"}]}]})
+    )
+    lacking = CocoKarpathyCaptionDataModule(data_root=str(tmp_path), calib_size=1, num_workers=0)
+    lacking.use_encoder(enc)
+    with pytest.raises(
+        DatasetUnavailableError, match=r"COCO image .*train2014/COCO_train2014_000000000001\.jpg"
+    ):
+        next(iter(lacking.train_dataloader()))
     assert sum(len(b["input_ids"]) for b in calib) == 8 and "references" not in calib[0]
 
 
