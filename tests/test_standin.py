@@ -31,6 +31,22 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = {"scns", "xkv", "sale", "salaad", "lordo", "janus_lora", "loda", "dare", "ngt"}
 
 
+# cards whose full config builds a torchvision ResNet: their fit is skipped where torchvision does not import
+NEEDS_TORCHVISION = {"u3cf", "sfda_regression"}
+
+
+def torchvision_missing() -> str | None:
+    """The domain family's message when torchvision does not import here (its install line), else None."""
+    from litlab.lit_modules.core.errors import ModelUnavailableError
+    from litlab.lit_modules.domain.nets import resnet_weights_file
+
+    try:
+        resnet_weights_file("resnet18", None)
+    except ModelUnavailableError as err:
+        return str(err)
+    return None
+
+
 def cards(fast: set[str] = FAST) -> list:
     return [pytest.param(s, marks=() if s in fast else pytest.mark.slow, id=s) for s in STAND_INS]
 
@@ -51,6 +67,8 @@ def test_full_config_runs_on_its_stand_in(slug, tmp_path, monkeypatch):
 
     from litlab.callbacks.divergence import first_nonfinite
 
+    if slug in NEEDS_TORCHVISION and (missing := torchvision_missing()):
+        pytest.skip(missing)
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)  # nothing may land in the working directory but under --runs_dir
