@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # test takes ~20 s or less. janus_lora 5.4 s, loda 4.3, dare 5.1, ngt 7.0 (Pendulum-v1 where MuJoCo is missing, as in
 # CI); u3cf 17-35 s and sfda_regression 18-27 s stay slow (they need torchvision).
 FAST = {"scns", "xkv", "sale", "salaad", "lordo", "janus_lora", "loda", "dare", "ngt"}
+FAST |= {"lock_in", "task_complexity"}  # 18.6 s and 7.3 s here at load 9; diffract (31 s) stays slow
 
 
 # cards whose full config builds a torchvision ResNet: their fit is skipped where torchvision does not import
