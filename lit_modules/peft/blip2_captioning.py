@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 
 from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.io import atomic_write_text
+from litlab.lit_modules.core.standin_files import write_images, write_model_folder
 
 
 @config_part
@@ -200,15 +202,14 @@ STAND_IN_SPLITS = ["train"] * 6 + ["restval"] * 2 + ["val"] * 3 + ["test"] * 3
 
 def write_coco_karpathy(root: Path, gen: torch.Generator) -> list[str]:
     """A COCO folder in the Karpathy layout (``datamodules/coco_caption.py``): ``dataset_coco.json`` naming 14
-    images (6 train, 2 restval with 2 captions each; 3 val, 3 test with 3), their JPEGs (a coloured field and an
-    ellipse, 40-52 x 36 px) under ``train2014/`` and ``val2014/``, each named as COCO names them. Returns every
-    caption written."""
-    from PIL import Image, ImageDraw
+    images (6 train, 2 restval with 2 captions each; 3 val, 3 test with 3) and their 40-px JPEGs
+    (``core.standin_files.write_images``) under ``train2014/`` and ``val2014/``, named as COCO names them; every
+    file written atomically. Returns every caption written."""
 
     def pick(options: tuple[str, ...]) -> str:
         return options[int(torch.randint(len(options), (1,), generator=gen))]
 
-    records, sentences = [], []
+    records, sentences, paths = [], [], []
     for i, split in enumerate(STAND_IN_SPLITS):
         folder = "train2014" if split in ("train", "restval") else "val2014"
         filename = f"COCO_{folder}_{100 + i:012d}.jpg"
@@ -217,12 +218,7 @@ def write_coco_karpathy(root: Path, gen: torch.Generator) -> list[str]:
             for _ in range(2 if split in ("train", "restval") else 3)
         ]
         sentences += caps
-        size = (40 + 4 * int(torch.randint(4, (1,), generator=gen)), 36)
-        colour = tuple(int(c) for c in torch.randint(40, 220, (3,), generator=gen))
-        img = Image.new("RGB", size, colour)
-        ImageDraw.Draw(img).ellipse([6, 6, 16 + 4 * (i % 5), 26], fill=(240 - colour[0], 90, colour[2]))
-        (root / folder).mkdir(parents=True, exist_ok=True)
-        img.save(root / folder / filename, quality=90)
+        paths.append(root / folder / filename)
         sents = [{"raw": c, "imgid": i, "sentid": 10 * i + k} for k, c in enumerate(caps)]
         records.append(
             {
@@ -234,7 +230,8 @@ def write_coco_karpathy(root: Path, gen: torch.Generator) -> list[str]:
                 "sentences": sents,
             }
         )
-    (root / "dataset_coco.json").write_text(json.dumps({"dataset": "coco", "images": records}))
+    write_images(paths, list(range(len(paths))), 40, gen)
+    atomic_write_text(root / "dataset_coco.json", json.dumps({"dataset": "coco", "images": records}))
     return sentences
 
 
@@ -243,7 +240,7 @@ def write_tiny_blip2(folder: Path, texts: list[str], seed: int = 0) -> Path:
     with and small sizes: a 1-block ViT (32 px, 16 px patches), a 1-block Q-Former, 4 query tokens, a 2-block
     ``OPTForCausalLM`` of width 32; ``BlipImageProcessor`` at 32 px and a ``GPT2Tokenizer`` (OPT's) whose byte-level
     BPE is trained here on ``texts`` (nothing downloaded). Weights from ``seed``; the global generator is left as
-    it was."""
+    it was. Written atomically; a folder already there is kept (``core.standin_files.write_model_folder``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
         Blip2Config,
@@ -277,7 +274,6 @@ def write_tiny_blip2(folder: Path, texts: list[str], seed: int = 0) -> Path:
     processor = Blip2Processor(
         BlipImageProcessorPil(size={"height": 32, "width": 32}), tokenizer, num_query_tokens=4
     )
-    processor.save_pretrained(folder)
     small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
     text = OPTConfig(
         vocab_size=len(processor.tokenizer),
@@ -300,5 +296,10 @@ def write_tiny_blip2(folder: Path, texts: list[str], seed: int = 0) -> Path:
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        Blip2ForConditionalGeneration(config).save_pretrained(folder)
-    return folder
+        model = Blip2ForConditionalGeneration(config)
+
+    def save(tmp: Path) -> None:
+        processor.save_pretrained(tmp)
+        model.save_pretrained(tmp)
+
+    return write_model_folder(folder, save)
