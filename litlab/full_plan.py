@@ -27,7 +27,8 @@ and MLP width ``I``:
     frozen     2·r·h + 2·r + a·(2·d_q + 2·d_kv) + 4·n_h + 3·a·I + Σ_adapted a·(d_in + rank)
 
 (``c_attn = 3``, ``c_mlp = 2`` under autocast, where each projection casts its input apart, else 1; a GELU MLP
-keeps 2·a·I trained, a·I frozen), plus ``4·V`` per token for the loss's log-softmax and, under autocast of fp32
+keeps 2·a·I trained, a·I frozen; an adapter with dropout keeps its own dropped input and a bool mask, (a + 1)·d_in),
+plus ``4·V`` per token for the loss's log-softmax and, under autocast of fp32
 weights, their 2-byte copies. tests/test_full_plan.py checks both formulas against FlopCounterMode and the tensors
 saved for backward on a stand-in-sized model of the same class. Models that are not transformer stacks (UNets,
 VAEs, ResNets) are counted on the meta device at the config's sizes: FlopCounterMode for the FLOPs and the

@@ -73,6 +73,7 @@ class MatmulWeights:
     adapted_inputs_shared: int = 0
     adapted_inputs_each: int = 0
     adapter_middle: int = 0
+    dropout_inputs: int = 0  # a branch with dropout keeps its own dropped copy and the mask (1 byte) instead
 
     @classmethod
     def of(cls, model: nn.Module, input_needs_grad: bool = False) -> MatmulWeights:
@@ -81,11 +82,14 @@ class MatmulWeights:
         for name, module in model.named_modules():
             if isinstance(module, AdapterLinear):
                 first = FIRST_LAYER_QKV.search(name) is not None and not input_needs_grad
+                dropout = any(isinstance(b.dropout, nn.Dropout) for b in module.branches.values())
                 group = SAME_INPUT.sub(r"\1<in>", name)
-                if group not in groups:
+                if dropout:
+                    w.dropout_inputs += module.in_features
+                elif group not in groups:
                     groups.add(group)
                     w.adapted_inputs_shared += module.in_features
-                w.adapted_inputs_each += module.in_features
+                w.adapted_inputs_each += 0 if dropout else module.in_features
                 for branch in module.branches.values():
                     if isinstance(branch, KhatriRaoBranch):  # x @ ΔWᵀ with ΔW materialised
                         w.adapter += module.in_features * module.out_features
@@ -139,8 +143,11 @@ def lm_activation_bytes(
     fp32_residual: bool,
     fp32_weights: bool = True,
     with_loss: bool = True,
+    dropout_mask_bytes: int = 1,
 ) -> int:
-    """Bytes kept for backward by one step (the formula in ``litlab.full_plan``'s docstring)."""
+    """Bytes kept for backward by one step (the formula in ``litlab.full_plan``'s docstring). An adapter with
+    dropout keeps its dropped input and the mask: a bool on CUDA (``dropout_mask_bytes`` 1); the CPU's dropout keeps
+    a mask of the input's dtype."""
     a = DTYPE_BYTES[dtype]
     r = 4 if fp32_residual else a
     h, i = stack.hidden, stack.intermediate
@@ -161,6 +168,7 @@ def lm_activation_bytes(
         mlp = 3 * a * i if stack.gated_mlp else a * i
         per_token = 2 * r * h + 2 * r + a * (2 * stack.d_q + 2 * stack.d_kv) + 4 * stack.heads + mlp
         adapted = a * ((w.adapted_inputs_each if autocast else w.adapted_inputs_shared) + w.adapter_middle)
+        adapted += (a + dropout_mask_bytes) * w.dropout_inputs
     total = stack.layers * per_token * batch * seq + adapted * batch * seq
     if autocast and fp32_weights:  # autocast's bf16 copies of the weights, kept for the input gradients
         total += 2 * (w.frozen + w.trained)

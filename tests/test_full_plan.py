@@ -201,3 +201,35 @@ def test_a_card_without_full_runs_plans_its_full_config():
             return {}
 
     assert card_rows(Bare()) == [("(full config)", "-", "configs/lordo/full.yaml", [])]
+
+
+@pytest.mark.parametrize("slug", ["lokra", "csplora"])
+def test_the_formulas_hold_on_the_cards_own_stand_in_model(slug: str, tmp_path):
+    """The full plan's numbers are the formulas at the paper's sizes; on the card's stand-in (the same class at
+    small sizes, its adapters as the full config sets them) they equal FlopCounterMode and, within a tenth, the
+    bytes autograd saves."""
+    from litlab.lit_modules.peft.lokra import AdapterPlan, inject_lokra
+    from litlab.lit_modules.peft.standin import stand_in_csplora, stand_in_lokra
+
+    args = (stand_in_lokra if slug == "lokra" else stand_in_csplora)(tmp_path)
+    cfg = load_config(f"configs/{slug}/full.yaml", args)
+    m = cfg["model"]["init_args"]
+    adapter = {k: v for k, v in m["adapter"].items() if k != "rank_plan"}
+    flops = {}
+    for attn in ("eager", "sdpa"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(m["backbone"], attn_implementation=attn)
+        model.requires_grad_(False).train()  # as Lightning trains it: the adapters' dropout active
+        inject_lokra(model, m["mode"], AdapterPlan(**{**adapter, "targets": tuple(adapter["targets"])}))
+        b, s = 2, 64
+        ids = torch.randint(0, model.config.vocab_size, (b, s))
+        step = train_step(model, ids, False)
+        stack, w = Stack.of(model.config), MatmulWeights.of(model)
+        if attn == "eager":
+            flops = (lm_flops(w, stack, b, s, train=True), counted_flops(step, backward=True))
+        else:
+            measured = saved_tensor_bytes(step, list(model.parameters()))
+            formula = lm_activation_bytes(
+                stack, w, b, s, "fp32", trained=False, fp32_residual=True, dropout_mask_bytes=4
+            )
+    assert flops[0] == pytest.approx(flops[1], rel=1e-3)
+    assert formula == pytest.approx(measured, rel=0.10)
