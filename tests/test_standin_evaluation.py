@@ -63,6 +63,7 @@ def test_rl_test_replays_the_evaluation_episodes_of_the_fit(tmp_path, offline):
     first = run("fit", "dare", tmp_path)
     (callback,) = [c for c in first.trainer.callbacks if isinstance(c, RLEvalCallback)]
     assert callback.n_episodes == 2 and first.datamodule.iteration == 16
+    assert len(first.model.mechanism) == 5  # DARE's mask ran on the online steps that had a full online batch
     final = callback.history[-1]
     tested = run(
         "test",

@@ -73,16 +73,18 @@ def _data_args(workdir: Path, level: str) -> list[str]:
 
 
 def stand_in_dare(workdir: Path) -> list[str]:
-    """DARE+IQL's full config: 8 offline IQL steps, then 8 online env steps, 32-wide nets, batches of 16; the
-    diffusion behaviour model and its 5 steps as configured."""
+    """DARE+IQL's full config: 8 offline IQL steps, then 8 online env steps, 32-wide nets, batches of 8 offline
+    and 4 online rows, so the online buffer holds a batch after 4 env steps and the last 5 steps run DARE's
+    sample-level mask (its mechanism numbers reach the summary); the diffusion behaviour model and its 5 steps as
+    configured."""
     return [
         *_data_args(workdir, "medium"),
         "--trainer.accelerator=cpu",
         "--model.init_args.offline_steps=8",
         "--model.init_args.online_steps=8",
         f"--model.init_args.networks.hidden={HIDDEN}",
-        "--model.init_args.optim.batch_offline=16",
-        "--model.init_args.optim.batch_online=16",
+        "--model.init_args.optim.batch_offline=8",
+        "--model.init_args.optim.batch_online=4",
         "--model.init_args.log_every=4",
     ]
 
