@@ -54,6 +54,7 @@ from litlab.lit_modules.core.rank_plan import (
 )
 from litlab.lit_modules.core.schedules import warmup_then_decay_lr
 from litlab.lit_modules.core.seeding import derive_seed
+from litlab.lit_modules.peft.commonsense_eval import generated_answers_correct
 
 Mode = Literal["lora", "lokra", "lokra_plus"]
 BlockMode = Literal["random", "fixed"]
@@ -302,6 +303,9 @@ class LoKRALanguageModel(_LoKRABase):
     local text corpus, cached); any other value is a Hugging Face model id or local folder (full scale), loaded
     by ``litlab.lit_modules.core.hf.load_causal_lm``, which fails at once offline with what to download.
     Batches are ``{"input_ids", "labels"[, "attention_mask"]}`` with labels already next-token aligned.
+    Validation logs ``val/loss`` and, on a Hugging Face backbone with ``eval_max_new_tokens`` > 0, the protocol's
+    ``val/commonsense_acc``: the label of a greedy response of at most that many tokens against the record's
+    (``commonsense_eval``; the DataModule's ``tokenizer`` decodes, ``datamodules.commonsense``).
     """
 
     def __init__(
@@ -315,6 +319,7 @@ class LoKRALanguageModel(_LoKRABase):
         weight_decay: float = 0.0,
         warmup_steps: int = 30,
         dtype: str = "float32",
+        eval_max_new_tokens: int = 32,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -346,6 +351,12 @@ class LoKRALanguageModel(_LoKRABase):
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self.log("val/loss", self.task_loss(batch), prog_bar=True)
+        if self.hparams.backbone != "tiny_gpt" and self.hparams.eval_max_new_tokens > 0:
+            dm = self.trainer.datamodule
+            correct = generated_answers_correct(
+                self.model, dm.tokenizer, batch, self.hparams.eval_max_new_tokens, dm.pad_token_id
+            )
+            self.log("val/commonsense_acc", correct.float().mean(), batch_size=len(correct))
 
     def make_rank_plan(self, datamodule, batches: int = 20) -> RankPlan:
         """CSPLoRA's stage 1 on this LM (``litlab plan``): confidence-weighted Taylor saliency of each adapted
