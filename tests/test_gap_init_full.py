@@ -324,7 +324,7 @@ def test_a_module_of_another_width_maps_the_gap_through_its_weight_or_takes_peft
 
 def test_full_config_fits_checkpoints_the_factors_resumes_and_tests(stand_in, tmp_path, monkeypatch):
     """``litlab fit --config configs/gap_init/full.yaml`` with the stand-in's arguments: 2 steps, a checkpoint
-    holding the adapter factors only; a relaunch for a second epoch resumes from it (steps 3-4); ``test`` from
+    holding the adapter factors only; a relaunch to max_steps 4 resumes from it (steps 3-4); ``test`` from
     the last checkpoint evaluates with finite loss, token accuracy and BLEU-4."""
     from litlab.cli import LitlabCLI
     from litlab.lit_modules.peft.gap_init_full import INIT_STATS
@@ -356,7 +356,7 @@ def test_full_config_fits_checkpoints_the_factors_resumes_and_tests(stand_in, tm
     assert set(saved) == trained | {f"init_{k}" for k in INIT_STATS}
     assert len(trained) == 8 and all(".branches.default." in k for k in trained)  # 2 blocks x q, v x A, B
 
-    resumed = LitlabCLI(args=["fit", *common, "--trainer.max_epochs=2", f"--ckpt_path={ckpt}"])
+    resumed = LitlabCLI(args=["fit", *common, "--trainer.max_steps=4", f"--ckpt_path={ckpt}"])
     assert resumed.trainer.global_step == 4 and resumed.model.initialised
     for key in ("init_cos_B_g", "init_rho_g", "init_grad_A"):  # from the checkpoint: no second calibration
         assert float(getattr(resumed.model, key)) == float(saved[key])

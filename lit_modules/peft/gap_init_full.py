@@ -321,7 +321,7 @@ class GapInitCaptioning(L.LightningModule):
             for key in INIT_STATS:
                 value = getattr(self, f"init_{key}")
                 if torch.isfinite(value):
-                    self.log(f"init/{key}", value, batch_size=1)
+                    self.log(f"init/{key}", value, batch_size=1, sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         self._log_cider("val")
@@ -335,7 +335,7 @@ class GapInitCaptioning(L.LightningModule):
             [],
         )  # over every rank's images; the next epoch starts empty
         if cider is not None:
-            self.log(f"{stage}/cider", cider, batch_size=1)
+            self.log(f"{stage}/cider", cider, batch_size=1, sync_dist=True)  # equal on every rank
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if (
@@ -384,8 +384,8 @@ class GapInitCaptioning(L.LightningModule):
 def stand_in_gap_init(workdir: Path) -> list[str]:
     """``litlab fit --config configs/gap_init/full.yaml`` on the CPU: a tiny ``Blip2ForConditionalGeneration`` with
     its ``Blip2Processor`` (``blip2_captioning.write_tiny_blip2``, its tokenizer trained on the captions) and a COCO
-    folder in the Karpathy layout (``write_coco_karpathy``: 14 images, ``dataset_coco.json``). Fit: one epoch of 2
-    steps of batch 2 in fp32, 8 calibration pairs, short decoding."""
+    folder in the Karpathy layout (``write_coco_karpathy``: 14 images, ``dataset_coco.json``). Fit: 2 steps of
+    batch 2 (one epoch) in fp32, 8 calibration pairs, short decoding."""
     coco, model_dir = workdir / "coco", workdir / "blip2-opt-tiny"
     captions = write_coco_karpathy(coco, torch.Generator().manual_seed(0))
     write_tiny_blip2(model_dir, [f"a photo of {pre_caption(c)}\n" for c in captions])
@@ -404,8 +404,9 @@ def stand_in_gap_init(workdir: Path) -> list[str]:
         "--trainer.accelerator=cpu",
         "--trainer.devices=1",
         "--trainer.precision=32",
-        "--trainer.max_epochs=1",
-        "--trainer.limit_train_batches=2",
+        "--trainer.limit_train_batches=2",  # epochs of 2 steps: max_steps=20 (.ci/gpu_checks) is 10 epochs
+        "--trainer.max_epochs=10",
+        "--trainer.max_steps=2",
         "--trainer.accumulate_grad_batches=1",
         "--trainer.log_every_n_steps=1",
     ]
