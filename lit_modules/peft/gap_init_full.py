@@ -223,9 +223,7 @@ class GapInitCaptioning(L.LightningModule):
             self._set_factors(layer, A0, B0)
         self.init_cos_B_g.fill_(float(torch.stack(cosines).mean()) if cosines else float("nan"))
         self.init_gap_norm.fill_(float(torch.stack([g[1].mean(0).norm() for g in gaps.values()]).mean()))
-        if (
-            not torch.is_inference_mode_enabled()
-        ):  # validate / test run in inference mode: no gradient to read
+        if not torch.is_inference_mode_enabled():  # validate / test run in it: no gradient to read
             first = next(iter(self.trainer.datamodule.calibration_dataloader()))
             self.init_rho_g.fill_(self.gap_dominance_at_init(first, {k: g[0] for k, g in gaps.items()}))
         self._record_no_op()
@@ -330,17 +328,14 @@ class GapInitCaptioning(L.LightningModule):
         self._log_cider("test")
 
     def _log_cider(self, stage: str) -> None:
-        cider, self.decoded = (
-            corpus_cider(self.decoded),
-            [],
-        )  # over every rank's images; the next epoch starts empty
+        # over every rank's images (so equal on every rank); the next epoch starts empty
+        cider, self.decoded = corpus_cider(self.decoded), []
         if cider is not None:
-            self.log(f"{stage}/cider", cider, batch_size=1, sync_dist=True)  # equal on every rank
+            self.log(f"{stage}/cider", cider, batch_size=1, sync_dist=True)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        if (
-            self.global_step == 0
-        ):  # the first step's gradients (spec §7.3): Gap-Init reaches A only, PEFT B only
+        # the first step's gradients (spec §7.3): Gap-Init's reach A only, PEFT's default's B only
+        if self.global_step == 0:
             for key in ("A", "B"):
                 grads = [m.branches["default"].factors()[key].grad for m in self.adapted.values()]
                 norms = [g.float().norm() for g in grads if g is not None]
