@@ -112,6 +112,9 @@ class Estimate:
     gpus: int = 1
     flops_method: str = "formula"
     notes: list[str] = dataclasses.field(default_factory=list)
+    # a stage every run of a seed shares (trained once and cached, e.g. a source model): not in ``flops``
+    shared_flops: float = 0.0
+    shared_what: str = ""
 
     @property
     def memory_bytes(self) -> float:
@@ -120,6 +123,10 @@ class Estimate:
     @property
     def gpu_hours(self) -> float:
         return self.flops / (UTILISATION * H100_PEAK_FLOPS[self.dtype]) / 3600
+
+    @property
+    def shared_gpu_hours(self) -> float:
+        return self.shared_flops / (UTILISATION * H100_PEAK_FLOPS[self.dtype]) / 3600
 
     @property
     def wall_hours(self) -> float:
@@ -165,6 +172,14 @@ def plan_lines(est: Estimate, config: str, overrides: list[str]) -> list[str]:
         f"at {UTILISATION:.0%} of {peak:.0f} TFLOP/s dense {est.dtype}"
         + (f", {est.wall_hours:,.3g} h on {est.gpus} GPUs" if est.gpus > 1 else ""),
         *(f"note: {n}" for n in est.notes),
+        *(
+            [
+                f"shared: {est.shared_what}, once per seed for all the card's runs and cached: "
+                f"{human(est.shared_flops)}FLOP = {est.shared_gpu_hours:,.3g} H100 GPU-hours (not in the figure above)"
+            ]
+            if est.shared_flops
+            else []
+        ),
         "slurm: " + slurm_command(config, overrides, est),
     ]
 
@@ -225,18 +240,35 @@ def full_scale_table(slugs: Iterable[str] | None = None) -> str:
         "| card | run | model | data | params (trainable) | memory/GPU | FLOP | H100 GPU-h per seed | GPUs | seeds |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    totals = []
     for slug in names:
         card = load_card(project_path(f"seeds/{slug}.yaml"))
         seeds = len(card.seeds.get("full", card.seeds.get("quick", [0])))
+        runs, hours, optional_hours, shared = card.runs_for("full"), 0.0, 0.0, 0.0
         for run, _role, config, overrides in card_rows(card):
             try:
                 est = estimate_run(config, overrides)
             except (KeyError, ValueError) as err:
                 out.append(f"| `{slug}` | {run} | no estimate: {err} | | | | | | | |")
                 continue
+            shared = max(shared, est.shared_gpu_hours * seeds)
+            if run in runs and runs[run].optional:
+                optional_hours += est.gpu_hours * seeds
+            else:
+                hours += est.gpu_hours * seeds
             out.append(
                 f"| `{slug}` | {run} | {'; '.join(est.models)} | {'; '.join(est.datasets)} | "
                 f"{human(est.params_total)} ({human(est.params_trainable)}) | {gib(est.memory_bytes)} | "
                 f"{human(est.flops)} | {est.gpu_hours:,.3g} | {est.gpus} | {seeds} |"
             )
+        totals.append(f"| `{slug}` | {hours + shared:,.3g} | {optional_hours:,.3g} |")
+    out += [
+        "",
+        "Per card: the H100 GPU-hours of its runs over its seeds, with a stage they share once per seed (a cached",
+        "source model), the optional runs (`--all`) apart.",
+        "",
+        "| card | GPU-hours, default runs x seeds | optional runs x seeds |",
+        "|---|---|---|",
+        *totals,
+    ]
     return "\n".join(out) + "\n"

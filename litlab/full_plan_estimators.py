@@ -256,19 +256,31 @@ def whole_lm(
     )
 
 
+def corpus_names(d: Config, default: str) -> list[str]:
+    """The Hub corpora a ``HubCorpusDataModule`` streams (the domain's and the general one), else ``default``."""
+    names = [
+        f"{src['dataset']} ({role})"
+        for role, src in (("train", d.get("domain_source")), ("evaluation", d.get("general_source")))
+        if isinstance(src, dict) and src.get("dataset")
+    ]
+    return names or [default]
+
+
 def diffract(cfg: Config) -> Estimate:
     m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args") or {}
     batch, seq = int(d.get("batch_size", 8)), int(d.get("block_size", 4096))
     steps = int(get(cfg, "trainer.max_steps", 1000))
-    return whole_lm(
+    est = whole_lm(
         cfg,
         m["backbone"],
         batch,
         seq,
         steps,
-        [f"{d.get('domain', 'domain')} corpus"],
+        corpus_names(d, f"{d.get('domain')} corpus"),
         model_dtype=m.get("dtype"),
     )
+    est.notes.append("the spectral probes (SVDs of the weights every few thousand steps) not counted")
+    return est
 
 
 def lock_in(cfg: Config) -> Estimate:
@@ -276,36 +288,62 @@ def lock_in(cfg: Config) -> Estimate:
     batch, seq = int(d.get("batch_size", 8)), int(d.get("block_size", d.get("max_length", 512)))
     steps = int(get(cfg, "trainer.max_steps", 1000))
     est = whole_lm(
-        cfg, m["backbone"], batch, seq, steps, [f"{d.get('domain', 'narrow task')} fine-tuning data"]
+        cfg,
+        m["backbone"],
+        batch,
+        seq,
+        steps,
+        corpus_names(d, f"{d.get('domain')} data"),
+        model_dtype=m.get("dtype"),
     )
     est.notes.append(
-        f"{batch} x {seq} tokens a step where the data config does not say; broad evaluation not counted"
+        "the curvature probes (Lanczos) and the broad evaluation every eval_every steps not counted"
     )
     return est
 
 
 def task_complexity(cfg: Config) -> Estimate:
-    m = get(cfg, "model.init_args")
+    """Online coding fine-tunes every weight once per n (``steps`` steps each); the LoRA strategy trains its
+    adapters ``steps`` steps; ICL and decoding are forward only (not counted)."""
+    from litlab.lit_modules.analysis.task_complexity import LORA_TARGETS
+    from litlab.lit_modules.core.adapters import inject_adapters
+
+    m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args") or {}
     plan = m.get("plan") or {}
-    batch, seq = int(plan.get("batch_size", 8)), 256
-    fits = len(plan.get("online_n") or []) + (1 if plan.get("lora_examples") else 0)
-    steps = int(plan.get("steps", 150)) * fits
+    batch, seq, steps = int(plan.get("batch_size", 8)), 256, int(plan.get("steps", 150))
+    online = list(plan.get("online_n") or [])
+    data = [f"{d.get('task', 'the task')} examples ({d.get('n_examples', '?')})"]
     est = lm_run(
         m["backbone"],
         cfg,
         batch=batch,
         seq=seq,
-        steps=steps,
-        steps_text=f"{fits} fits (online coding n in {plan.get('online_n')}, LoRA) x {plan.get('steps')} steps of "
+        steps=steps * len(online),
+        steps_text=f"{len(online)} online-coding fits (n in {online}) + 1 LoRA fit, {steps} steps each of "
         f"{batch} x {seq} tokens",
-        datasets=["the task's examples"],
+        datasets=data,
         train="full",
         model_dtype=m.get("dtype"),
-        notes=[
-            f"{seq} tokens an example assumed; the LoRA fit counted as a full one (an upper bound); ICL and "
-            "decoding (forward only) not counted"
-        ],
+        notes=[f"{seq} tokens an example assumed (GSM8K question + answer); ICL and decoding not counted"],
     )
+    if plan.get("lora_examples"):
+        targets, rank = tuple(plan.get("lora_targets") or LORA_TARGETS), int(plan.get("lora_rank", 1))
+        lora = lm_run(
+            m["backbone"],
+            cfg,
+            batch=batch,
+            seq=seq,
+            steps=steps,
+            steps_text="",
+            datasets=data,
+            train="adapters",
+            adapt=lambda model: inject_adapters(
+                model, list(targets), rank=rank, alpha=float(plan.get("lora_alpha", 8))
+            ),
+            adapt_key=("lora", rank, targets),
+            model_dtype=m.get("dtype"),
+        )
+        est.flops += lora.flops
     return est
 
 

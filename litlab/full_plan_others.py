@@ -115,7 +115,10 @@ def conv_run(
     head: int,
     notes: list[str],
     states: int,
+    source_steps: int = 0,
 ) -> Estimate:
+    """A ResNet trained ``steps`` batches; ``source_steps`` batches of the source stage every run of a seed
+    shares (``lit_modules/domain/source.py`` trains it once and caches it)."""
     with torch.device("meta"):
         net = resnet(backbone, classes=None)
     flops, saved = meta_train_step(
@@ -137,6 +140,8 @@ def conv_run(
         compute_dtype(cfg),
         flops_method="meta-device count",
         notes=notes,
+        shared_flops=flops * source_steps,
+        shared_what=f"the source stage ({source_steps:,} batches)",
     )
 
 
@@ -145,8 +150,8 @@ def sfda_regression(cfg: Config) -> Estimate:
     net, src = m.get("net") or {}, m.get("source_stage") or {}
     records = dataset_records(str(d.get("benchmark", "dsprites")), 10000) or 10000
     batch = int(d.get("batch_size", 36))
-    steps = int(src.get("epochs", 1)) * math.ceil(records / int(src.get("batch_size", batch)))
-    steps += int(get(cfg, "trainer.max_epochs", 1)) * math.ceil(records / batch)
+    source_steps = int(src.get("epochs", 1)) * math.ceil(records / int(src.get("batch_size", batch)))
+    steps = int(get(cfg, "trainer.max_epochs", 1)) * math.ceil(records / batch)
     feat = int(net.get("feat_dim", 256))
     head = (
         512 * (4 if net.get("backbone") in ("resnet50", "resnet101") else 1) * feat + 3 * feat + feat * 3 + 3
@@ -157,11 +162,12 @@ def sfda_regression(cfg: Config) -> Estimate:
         batch,
         int(d.get("size", 224)),
         steps,
-        f"{steps:,} steps of {batch} images (source stage + adaptation, one epoch = {records:,} images)",
+        f"{steps:,} adaptation steps of {batch} images (one epoch = {records:,} images)",
         [f"{d.get('benchmark')} {d.get('source')} -> {d.get('target')}"],
         head,
         ["the baselines' extra passes (teacher, k-NN bank) not counted"],
         states=1,
+        source_steps=source_steps,
     )
 
 
@@ -171,7 +177,7 @@ def u3cf(cfg: Config) -> Estimate:
     targets = list(d.get("targets") or [])
     batch = int(src.get("batch_size", 32))
     adapt = int(get(m, "curriculum.iters_per_target", 0)) * len(targets) + int(get(m, "causal.iters", 0))
-    steps = int(src.get("iters", 0)) + 2 * adapt  # a source and a target batch per adaptation step
+    steps = 2 * adapt  # a source and a target batch per adaptation step
     feat = 2048 if net.get("backbone") in ("resnet50", "resnet101") else 512
     head = feat * int(net.get("feat_dim", 256)) + 256 * 31
     return conv_run(
@@ -185,6 +191,7 @@ def u3cf(cfg: Config) -> Estimate:
         head,
         ["heads (bottleneck, classifier) approximated; the graph head's pairwise terms not counted"],
         states=1,
+        source_steps=int(src.get("iters", 0)),
     )
 
 
