@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # CI); u3cf 17-35 s and sfda_regression 18-27 s stay slow (they need torchvision).
 FAST = {"scns", "xkv", "sale", "salaad", "lordo", "janus_lora", "loda", "dare", "ngt"}
 FAST |= {"lock_in", "task_complexity"}  # 18.6 s and 7.3 s here at load 9; diffract (31 s) stays slow
+FAST |= {"spr_raft", "lokra"}  # 5.9 s and 5.5 s here; csplora (20 s, 16-45 s at load 10) stays slow
 
 
 # cards whose full config builds a torchvision ResNet: their fit is skipped where torchvision does not import
