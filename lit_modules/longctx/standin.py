@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 SEED = 0
 BOS, EOS = (
     "<|begin_of_text|>",
@@ -21,33 +19,29 @@ HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 64, 4, 4, 2, 16  # Llama-3.1-8B: 409
 PROMPT_TOKENS = 512  # the full configs' 65,536-token prompts, scaled down (bytes of text: one token each)
 
 
-def write_byte_level_tokenizer(folder: Path) -> Path:
-    """A ``PreTrainedTokenizerFast`` of Llama 3's kind (byte-level BPE, BOS added by the template) with the 256 byte
-    tokens and no merges: any text encodes, one token per byte, and decodes back unchanged."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+def llama3_tokenizer():
+    """A byte-level tokenizer of Llama 3's kind (``core.tiny_hf.byte_level_tokenizer``: the 256 bytes, no merges;
+    any text encodes, one token per byte) with Llama 3's BOS added in front of every text by the template, and EOT
+    as its end token."""
+    from tokenizers import processors
 
-    byte_chars = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(byte_chars))}
-    vocab.update({BOS: len(vocab), EOS: len(vocab) + 1})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, vocab[BOS])]
+    from litlab.lit_modules.core.tiny_hf import byte_level_tokenizer
+
+    tok = byte_level_tokenizer(eos=EOS, bos=BOS)
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.bos_token_id)]
     )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS)
-    fast.save_pretrained(folder)
-    return folder
+    return tok
 
 
 def write_tiny_llama(folder: Path) -> Path:
-    """The tokenizer and a random ``LlamaForCausalLM`` reading it (float32 safetensors), weights drawn from a
-    generator seeded here; the caller's generator is left as it was."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    """The tokenizer and a random ``LlamaForCausalLM`` reading it (float32 safetensors, ``core.tiny_hf``: weights
+    drawn from ``SEED``, the caller's generator left as it was), in one folder."""
+    from transformers import LlamaConfig
 
-    write_byte_level_tokenizer(folder)
-    tok = AutoTokenizer.from_pretrained(folder)
+    from litlab.lit_modules.core.tiny_hf import write_tiny_causal_lm
+
+    tok = llama3_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=HIDDEN,
@@ -69,11 +63,7 @@ def write_tiny_llama(folder: Path) -> Path:
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
-        model = LlamaForCausalLM(config)
-    model.save_pretrained(folder)
-    return folder
+    return write_tiny_causal_lm(folder, config, tok, SEED)
 
 
 def _lm_and_prompt_args(folder: Path) -> list[str]:
