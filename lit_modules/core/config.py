@@ -22,6 +22,8 @@ else:
     from typing_extensions import dataclass_transform
 
 T = TypeVar("T")
+# a field's annotation ``str | None``: as written under ``from __future__ import annotations``, or evaluated
+OPTIONAL_STR = ("str | None", "None | str", "Optional[str]", str | None)
 
 
 @dataclass_transform(frozen_default=True)  # type checkers see the fields as constructor arguments
@@ -39,7 +41,7 @@ def as_config(cls: type[T], value: T | dict | None, where: str = "") -> T:
     if value is None:
         return cls()
     if isinstance(value, cls):
-        return value
+        return _nulls_restored(cls, value)
     if isinstance(value, dict):
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(value) - names)
@@ -47,7 +49,17 @@ def as_config(cls: type[T], value: T | dict | None, where: str = "") -> T:
             raise ValueError(
                 f"{where or cls.__name__}: unknown keys {unknown}; {cls.__name__} has {sorted(names)}"
             )
-        return cls(**value)
+        return _nulls_restored(cls, cls(**value))
     raise TypeError(
         f"{where or cls.__name__}: expected a {cls.__name__} or a mapping, got {type(value).__name__}"
     )
+
+
+def _nulls_restored(cls: type[T], part: T) -> T:
+    """jsonargparse (4.53) hands a dotted override ``--model.init_args.<part>.<field>=null`` of a ``str | None``
+    field, inside a subclass's ``init_args``, over as the string ``'None'`` (the mapping form ``<part>={<field>:
+    null}`` gives None): no such field means that string, so it is None again (``net.backbone_weights=null``, the
+    full configs' random-init switch; ``offline.level=null``, an online-only run)."""
+    optional_str = [f.name for f in dataclasses.fields(cls) if f.type in OPTIONAL_STR]  # type: ignore[arg-type]
+    nulls = {n: None for n in optional_str if getattr(part, n) == "None"}
+    return dataclasses.replace(part, **nulls) if nulls else part  # type: ignore[type-var]

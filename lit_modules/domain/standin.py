@@ -60,7 +60,7 @@ def stand_in_u3cf(workdir: Path) -> list[str]:
     return [
         "--trainer.accelerator=cpu",
         "--trainer.log_every_n_steps=1",
-        # one mapping, merged into the config's: the dotted form would turn null into the string 'None'
+        # one mapping, merged into the config's net
         "--model.init_args.net={backbone_weights: null, feat_dim: 16, latent: 16}",
         "--model.init_args.source_stage.iters=2",
         "--model.init_args.source_stage.batch_size=4",
