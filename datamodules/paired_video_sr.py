@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from litlab.datamodules.synthetic_vsr import degrade
-from litlab.lit_modules.core.errors import DatasetUnavailableError
+from litlab.lit_modules.core.errors import ConfigError, DatasetUnavailableError
 from litlab.lit_modules.core.seeding import derive_seed
 
 REDS_LAYOUT = (
@@ -176,8 +176,9 @@ class PairedVideoSRDataModule(L.LightningDataModule):
         return {"world": "reds-folder", "clips": sorted(self.train_clips), "frames": self.frames}
 
     def pretrain_batch(self, batch_size: int, gen: torch.Generator) -> Tensor:
-        raise NotImplementedError(
-            "the full scale uses a pre-trained backbone; nothing is pre-trained on REDS"
+        raise ConfigError(
+            "the full scale uses a pre-trained backbone (model.init_args.pretrained_path: a Wan2.1 folder or Hub id); "
+            "nothing is pre-trained on REDS"
         )
 
     def train_dataloader(self) -> DataLoader:
