@@ -283,11 +283,15 @@ def test_source_only_trains_nothing_and_shot_freezes_fc(quiet_trainer):
 # ---- 8. the effect (slow) ------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_effect_on_the_toy(quiet_trainer):
-    """spec §7.8 with the quick config's schedule, seeds 0-2, trained in tmp_path."""
+    """spec §7.8 with the quick config's schedule (configs/u3cf/quick.yaml's init_args), seeds 0-2, trained in
+    tmp_path."""
+    import yaml
+
+    quick = yaml.safe_load((ROOT / "configs" / "u3cf" / "quick.yaml").read_text())["model"]["init_args"]
     res: dict[str, list[float]] = {}
     for seed in (0, 1, 2):
         for method in ("source_only", "shot", "prototype_only", "u3cf"):
-            trainer, _ = run(U3CF(method=method), quiet_trainer, seed)
+            trainer, _ = run(U3CF(**{**quick, "method": method}), quiet_trainer, seed)
             res.setdefault(method, []).append(float(trainer.callback_metrics["val/acc_mean"]))
     mean = {k: float(np.mean(v)) for k, v in res.items()}
     assert mean["u3cf"] >= mean["source_only"] + 0.12, mean
