@@ -36,7 +36,13 @@ from litlab.lit_modules.core.seeding import derive_seed
 # ---- full scale: the layouts we read ---------------------------------------------------------------------------
 DOMAIN_LAYOUTS: dict[str, dict] = {
     # classification: <root>/<domain>/<class>/<image>, the layout Office-31, Office-Home and PACS ship in
-    "office31": {"domains": ("amazon", "dslr", "webcam"), "kind": "class folders", "classes": 31},
+    # Office-31's archive nests the classes one level down, <domain>/images/<class>/: both are read
+    "office31": {
+        "domains": ("amazon", "dslr", "webcam"),
+        "kind": "class folders",
+        "classes": 31,
+        "nested": "images",
+    },
     "office_home": {
         "domains": ("Art", "Clipart", "Product", "Real_World"),
         "kind": "class folders",
@@ -61,7 +67,8 @@ DOMAIN_LAYOUTS: dict[str, dict] = {
 def expected_layout(benchmark: str) -> str:
     spec = DOMAIN_LAYOUTS[benchmark]
     if spec["kind"] == "class folders":
-        return f"<data_root>/<domain>/<class>/<image>, domains {', '.join(spec['domains'])}"
+        nested = f" (or <data_root>/<domain>/{spec['nested']}/<class>/<image>)" if "nested" in spec else ""
+        return f"<data_root>/<domain>/<class>/<image>{nested}, domains {', '.join(spec['domains'])}"
     return (
         f"<data_root>/image_list/<domain>.txt (lines '<image path relative to data_root> <{spec['factors']} "
         f"factor values>'), domains {', '.join(spec['domains'])}"
@@ -69,9 +76,14 @@ def expected_layout(benchmark: str) -> str:
 
 
 def domain_path(benchmark: str, data_root: str | Path, domain: str) -> Path:
+    """A domain's class-folder root (``<data_root>/<domain>``, or its ``nested`` folder where the data set ships
+    one and it is there) or its image list."""
     spec = DOMAIN_LAYOUTS[benchmark]
     root = Path(data_root)
-    return root / domain if spec["kind"] == "class folders" else root / "image_list" / f"{domain}.txt"
+    if spec["kind"] != "class folders":
+        return root / "image_list" / f"{domain}.txt"
+    nested = root / domain / spec.get("nested", "")
+    return nested if "nested" in spec and nested.is_dir() else root / domain
 
 
 def check_domain_folder(benchmark: str, data_root: str | None, domains: list[str]) -> None:

@@ -6,10 +6,12 @@ episodes). The generic fit / resume / evaluate test of every card is ``tests/tes
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from litlab.standin import expand_stand_in_flag
@@ -96,7 +98,8 @@ def test_rl_stand_in_uses_the_configs_env_where_mujoco_imports(tmp_path):
 
 
 def test_domain_stand_in_files_are_what_the_full_datamodules_read(tmp_path):
-    """Office-31 class folders and RSD's dSprites image lists as the stand-ins write them, read by the full configs'
+    """Office-31 as its archive lays it out (<domain>/images/<class>/; before, the DataModule took ``images`` for
+    the one class) and RSD's dSprites image lists as the stand-ins write them, read by the full configs'
     DataModules (without torchvision: the ImageFolder rules are litlab's own then)."""
     from litlab.datamodules.domain import MultiTargetDigitsDataModule, RegressionDomainsDataModule
     from litlab.lit_modules.domain import standin
@@ -112,6 +115,17 @@ def test_domain_stand_in_files_are_what_the_full_datamodules_read(tmp_path):
     office.setup()
     assert office.classes == list(standin.OFFICE31_CLASSES)
     assert office.source_x.shape == (9, 3, 64, 64) and [len(x) for x in office.target_x] == [9, 9]
+    for domain in standin.OFFICE31_DOMAINS:  # Office-31 without its images/ level reads the same
+        shutil.copytree(tmp_path / "office31" / domain / "images", tmp_path / "flat" / domain)
+    flat = MultiTargetDigitsDataModule(
+        benchmark="office31",
+        source="amazon",
+        targets=["dslr"],
+        data_root=str(tmp_path / "flat"),
+        image_size=64,
+    )
+    flat.setup()
+    assert flat.classes == office.classes and torch.equal(flat.source_x, office.source_x)
     standin.stand_in_sfda_regression(tmp_path)
     dsprites = RegressionDomainsDataModule(
         benchmark="dsprites", source="color", target="noisy", data_root=str(tmp_path / "dsprites"), size=64

@@ -1,5 +1,5 @@
 """Stand-ins of the domain cards' full configs (``litlab fit --config configs/<slug>/full.yaml --stand-in``): a few
-JPEGs in Office-31's class-folder layout (U³CF) and a few PNGs with RSD's dSprites image lists (SFDA regression),
+JPEGs in the layout of Office-31's archive (U³CF) and a few PNGs with RSD's dSprites image lists (SFDA regression),
 and the config's torchvision ResNet (resnet50, resnet18: the class the config names, at its own size) with random
 weights instead of the ImageNet ones (``net.backbone_weights: null``, the config's own switch), so the full loop
 (class folders or image lists, the ResNet backbone, the cached source stage, adaptation, evaluation) runs on the CPU
@@ -28,11 +28,13 @@ DSPRITES_PER_DOMAIN = 24  # a 70/30 target split of 16 / 8 images: more than the
 
 
 def write_office31(root: Path) -> Path:
-    """``<root>/<domain>/<class>/frame_<i>.jpg``, the layout ``MultiTargetDigitsDataModule`` reads."""
+    """``<root>/<domain>/images/<class>/frame_<i>.jpg``, the layout of Office-31's archive."""
     gen = torch.Generator().manual_seed(0)
     for domain in OFFICE31_DOMAINS:
         for label, name in enumerate(OFFICE31_CLASSES):
-            paths = [root / domain / name / f"frame_{i + 1:04d}.jpg" for i in range(OFFICE31_PER_CLASS)]
+            paths = [
+                root / domain / "images" / name / f"frame_{i + 1:04d}.jpg" for i in range(OFFICE31_PER_CLASS)
+            ]
             write_images(paths, [label] * len(paths), IMAGE_SIZE, gen)
     return root
 
