@@ -228,7 +228,7 @@ def test_repro_runs_the_full_scale_runs_on_the_stand_in(tmp_path, monkeypatch):
     from litlab.repro import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("WANDB_MODE", "offline")  # the report hook reads config.yaml where a wandb run puts it
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # the report hook finds config.yaml in csv/version_0 then
     monkeypatch.chdir(tmp_path)
     assert main(["xkv", "--scale", "full", "--stand-in", "--out", str(tmp_path / "out")]) == 0
     results = json.loads((tmp_path / "out" / "xkv" / "results.json").read_text())
@@ -237,3 +237,19 @@ def test_repro_runs_the_full_scale_runs_on_the_stand_in(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "xkv" / "stand_in" / "stand_in.json").is_file()
     ratios = {name: run["metrics"]["val/compression_ratio"][0] for name, run in results["runs"].items()}
     assert len(set(ratios.values())) == len(ratios), ratios
+
+
+def test_a_runs_config_is_read_where_lightning_cli_wrote_it(tmp_path):
+    """``SeedRun.config()``: the run folder's ``config.yaml`` (a wandb logger first), else the newest
+    ``csv/version_N/config.yaml`` (the CSV logger alone, ``WANDB_MODE=disabled``); none is named."""
+    from litlab.lit_modules.core.results import SeedRun
+
+    run = SeedRun(seed=0, value=0.0, run_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="holds no config.yaml"):
+        run.config()
+    for version, lr in ((2, 0.2), (10, 0.3), (1, 0.1)):
+        (tmp_path / "csv" / f"version_{version}").mkdir(parents=True)
+        (tmp_path / "csv" / f"version_{version}" / "config.yaml").write_text(f"model: {{lr: {lr}}}\n")
+    assert run.config() == {"model": {"lr": 0.3}}
+    (tmp_path / "config.yaml").write_text("model: {lr: 1.0}\n")
+    assert run.config() == {"model": {"lr": 1.0}}

@@ -29,6 +29,23 @@ class SeedRun:
         """The final metrics the run logged (its ``summary.json``)."""
         return json.loads((self.run_dir / "summary.json").read_text())["metrics"]
 
+    def config(self) -> dict[str, Any]:
+        """The resolved config the run was fitted with: the ``config.yaml`` LightningCLI wrote into the trainer's
+        log folder, which is the run folder when a wandb logger comes first and the CSV logger's newest
+        ``csv/version_N/`` when there is none (``WANDB_MODE=disabled``)."""
+        import yaml
+
+        versions = sorted(
+            self.run_dir.glob("csv/version_*/config.yaml"), key=lambda p: int(p.parent.name.split("_")[-1])
+        )
+        candidates = [self.run_dir / "config.yaml", *reversed(versions)]
+        path = next((p for p in candidates if p.is_file()), None)
+        if path is None:
+            raise FileNotFoundError(
+                f"run folder {self.run_dir} holds no config.yaml (nor csv/version_*/config.yaml)"
+            )
+        return yaml.safe_load(path.read_text())
+
 
 @dataclass
 class RunResult:

@@ -12,8 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult
 
 NAN = float("nan")
@@ -34,7 +32,7 @@ def run_metrics(result: CardResult) -> dict[str, dict[str, float]]:
 
 def model_args(run: RunResult) -> dict[str, Any]:
     """The module's ``init_args`` the run's first seed was fitted with (its run folder's ``config.yaml``)."""
-    config = yaml.safe_load((run.runs[0].run_dir / "config.yaml").read_text())
+    config = run.runs[0].config()
     return config["model"]["init_args"]
 
 

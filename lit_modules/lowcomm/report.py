@@ -13,8 +13,6 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import yaml
-
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult
 
 RATIO_METRICS = {"bytes_ratio": "comm/bytes_per_step", "val_loss_ratio": "val/loss"}
@@ -23,7 +21,7 @@ PER_STEP_SYNC = ("ddp", "lowrank_ddp")  # the baselines LoRDO's infrequent commu
 
 def strategy_mode(run: RunResult) -> str:
     """The communication mode the run's first seed was fitted with (``trainer.strategy.init_args.mode``)."""
-    config = yaml.safe_load((run.runs[0].run_dir / "config.yaml").read_text())
+    config = run.runs[0].config()
     strategy = (config.get("trainer") or {}).get("strategy")
     return strategy["init_args"]["mode"] if isinstance(strategy, dict) else "none"
 

@@ -12,8 +12,6 @@ import math
 import statistics
 from pathlib import Path
 
-import yaml
-
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult
 
 DEPLOYMENT = {  # structure -> how CapacitySweep deploys it at a budget
@@ -26,7 +24,7 @@ DEPLOYMENT = {  # structure -> how CapacitySweep deploys it at a budget
 
 def structure(run: RunResult) -> str:
     """``dense`` (no ADMM) or the ADMM's ``components`` (``both``, ``low_rank``, ``sparse``) of the run's first seed."""
-    config = yaml.safe_load((run.runs[0].run_dir / "config.yaml").read_text())
+    config = run.runs[0].config()
     admm = config["model"]["init_args"].get("admm")
     return "dense" if admm is None else admm.get("components", "both")
 
