@@ -37,111 +37,20 @@ tensors saved for backward for the activations, so nothing is computed or alloca
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import shlex
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
-import yaml
-
-# H100 SXM dense peaks (NVIDIA H100 datasheet; the datasheet's headline numbers are with 2:4 sparsity, twice these)
-H100_PEAK_FLOPS = {"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 66.9e12}
-UTILISATION = 0.40
-GIB = 1024**3
-
-
-def load_config(path: str | Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
-    """The config file with ``--a.b.c=value`` overrides applied as LightningCLI would (``--model=<class>``
-    replaces the class and keeps the init_args; values are YAML)."""
-    cfg = yaml.safe_load(Path(path).read_text()) or {}
-    for arg in overrides:
-        key, sep, text = arg.removeprefix("--").partition("=")
-        if not sep:
-            raise ValueError(f"override {arg!r} is not of the form --key=value")
-        value = yaml.safe_load(text) if text else None
-        parts = key.split(".")
-        node = cfg
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        leaf = parts[-1]
-        if isinstance(value, str) and isinstance(node.get(leaf), dict) and "class_path" in node[leaf]:
-            node[leaf] = {**node[leaf], "class_path": value}
-        else:
-            node[leaf] = value
-    return cfg
-
-
-def get(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or node.get(part) is None:
-            return default
-        node = node[part]
-    return node
-
-
-def compute_dtype(cfg: dict[str, Any], model_dtype: str | None = None) -> str:
-    """bf16 / fp16 where the trainer's precision or the model's dtype says so, else fp32."""
-    precision = str(get(cfg, "trainer.precision", "32"))
-    if precision.startswith("bf16") or model_dtype == "bfloat16":
-        return "bf16"
-    if precision.startswith("16") or model_dtype == "float16":
-        return "fp16"
-    return "fp32"
-
-
-@dataclasses.dataclass
-class Estimate:
-    """One run of a card at full scale. ``flops`` is the whole run on all its GPUs; memory is one GPU's."""
-
-    models: list[str]
-    datasets: list[str]
-    params_total: int
-    params_trainable: int
-    weights_bytes: float
-    grads_bytes: float
-    optimizer_bytes: float
-    activations_bytes: float
-    flops: float
-    steps: str
-    dtype: str
-    gpus: int = 1
-    flops_method: str = "formula"
-    notes: list[str] = dataclasses.field(default_factory=list)
-    # a stage every run of a seed shares (trained once and cached, e.g. a source model): not in ``flops``
-    shared_flops: float = 0.0
-    shared_what: str = ""
-
-    @property
-    def memory_bytes(self) -> float:
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
-
-    @property
-    def gpu_hours(self) -> float:
-        return self.flops / (UTILISATION * H100_PEAK_FLOPS[self.dtype]) / 3600
-
-    @property
-    def shared_gpu_hours(self) -> float:
-        return self.shared_flops / (UTILISATION * H100_PEAK_FLOPS[self.dtype]) / 3600
-
-    @property
-    def wall_hours(self) -> float:
-        return self.gpu_hours / self.gpus
-
-
-def gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB" if n >= 0.05 * GIB else f"{n / 1024**2:.0f} MiB"
-
-
-def human(n: float) -> str:
-    for unit, size in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.2f}{unit}"
-    return f"{n:.0f}"
+from litlab.full_plan_base import (
+    H100_PEAK_FLOPS,
+    UTILISATION,
+    Estimate,
+    get,
+    gib,
+    human,
+    load_config,
+)
 
 
 def slurm_time(hours: float) -> str:
@@ -184,19 +93,33 @@ def plan_lines(est: Estimate, config: str, overrides: list[str]) -> list[str]:
     ]
 
 
+def estimate(cfg: dict[str, Any]) -> Estimate:
+    """The estimate of one resolved full-scale config, by the class of its model (``ESTIMATORS``, then
+    ``OTHER_ESTIMATORS``, then one for the model's family); ``KeyError`` naming the class when none is written."""
+    from litlab.full_plan_estimators import ESTIMATORS
+    from litlab.full_plan_others import OTHER_ESTIMATORS
+
+    class_path = str(get(cfg, "model.class_path", ""))
+    name = class_path.rpartition(".")[2]
+    fn = ESTIMATORS.get(name) or OTHER_ESTIMATORS.get(name)
+    if fn is None:
+        family = class_path.split(".lit_modules.")[-1].split(".")[0]
+        fn = OTHER_ESTIMATORS.get(f"family:{family}")
+    if fn is None:
+        raise KeyError(f"no full-scale estimate for {class_path}: add one to litlab/full_plan_estimators.py")
+    return fn(cfg)
+
+
 def estimate_run(config: str, overrides: list[str]) -> Estimate:
     """The estimate of one run: the config (a path inside litlab or the working directory) and its overrides."""
     from litlab.cards import project_path
-    from litlab.full_plan_estimators import estimate
 
     return estimate(load_config(project_path(config), overrides))
 
 
-def card_rows(card: Any) -> list[tuple[str, str, str, list[str]]]:
-    """``(run, role, config, override args)`` of the card's full-scale runs; a card without any plans its
-    full config as it stands."""
-    from litlab.repro import override_args
-
+def card_rows(card: Any, override_args: Callable[[dict], list[str]]) -> list[tuple[str, str, str, list[str]]]:
+    """``(run, role, config, override args)`` of the card's full-scale runs (``override_args``: repro's, which
+    writes a run's overrides as arguments); a card without any plans its full config as it stands."""
     runs = card.runs_for("full")
     rows = [
         (name, spec.role, spec.config_path("full"), override_args(spec.all_overrides("full")))
@@ -216,7 +139,7 @@ def print_run_plan(config: str, overrides: list[str], indent: str = "      ") ->
     return est
 
 
-def full_scale_table(slugs: Iterable[str] | None = None) -> str:
+def full_scale_table(override_args: Callable[[dict], list[str]], slugs: Iterable[str] | None = None) -> str:
     """docs/full-scale.md: one row per full-scale run of every card (``litlab repro --full-scale-table``)."""
     from litlab.cards import load_card, project_path
 
@@ -245,7 +168,7 @@ def full_scale_table(slugs: Iterable[str] | None = None) -> str:
         card = load_card(project_path(f"seeds/{slug}.yaml"))
         seeds = len(card.seeds.get("full", card.seeds.get("quick", [0])))
         runs, hours, optional_hours, shared = card.runs_for("full"), 0.0, 0.0, 0.0
-        for run, _role, config, overrides in card_rows(card):
+        for run, _role, config, overrides in card_rows(card, override_args):
             try:
                 est = estimate_run(config, overrides)
             except (KeyError, ValueError) as err:

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from litlab.full_plan import Estimate, compute_dtype, get
+from litlab.full_plan_base import Estimate, compute_dtype, get
 from litlab.full_plan_formulas import DTYPE_BYTES, MatmulWeights, Stack, lm_activation_bytes, lm_flops
 from litlab.model_shapes import DATASETS, MODEL_SHAPES, build_on_meta, resolve_id
 
@@ -482,21 +482,6 @@ ESTIMATORS: dict[str, Callable[[Config], Estimate]] = {
     "SALEPrefillModule": prefill,
     "XKVCompressionModule": prefill,
 }
-
-
-def estimate(cfg: Config) -> Estimate:
-    """The estimate of one resolved full-scale config; ``KeyError`` naming the class when none is written."""
-    from litlab.full_plan_others import OTHER_ESTIMATORS
-
-    class_path = str(get(cfg, "model.class_path", ""))
-    name = class_path.rpartition(".")[2]
-    fn = ESTIMATORS.get(name) or OTHER_ESTIMATORS.get(name)
-    if fn is None:
-        family = class_path.split(".lit_modules.")[-1].split(".")[0]
-        fn = OTHER_ESTIMATORS.get(f"family:{family}")
-    if fn is None:
-        raise KeyError(f"no full-scale estimate for {class_path}: add one to litlab/full_plan_estimators.py")
-    return fn(cfg)
 
 
 def import_class(path: str) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from litlab.full_plan import Estimate, compute_dtype, get
+from litlab.full_plan_base import Estimate, compute_dtype, get
 from litlab.full_plan_estimators import ENV_DIMS, dataset_records, import_class, memory, model_label, n_params
 from litlab.full_plan_formulas import (
     MatmulWeights,

@@ -810,7 +810,7 @@ def main(argv: list[str]) -> int:
     if args.list:
         return list_cards(markdown=args.markdown)
     if args.full_scale_table:
-        print(full_scale_table(), end="")
+        print(full_scale_table(override_args), end="")
         return 0
     if not args.slug:
         parser.error("give a card slug (see `litlab repro --list`)")

@@ -22,6 +22,7 @@ from litlab.full_plan_others import meta_train_step, resnet
 from litlab.lit_modules.core.adapters import inject_adapters
 from litlab.model_shapes import param_count
 from litlab.repro import main as repro_main
+from litlab.repro import override_args
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -181,13 +182,15 @@ FORMULA_CARDS = ("dare", "lordo", "ngt", "salaad")
 def test_the_docs_table_rows_of_formula_cards_are_up_to_date():
     """The cheap cards' rows (the whole file: the slow test below; `litlab repro --full-scale-table`)."""
     doc = open("docs/full-scale.md").read()
-    rows = [line for line in full_scale_table(FORMULA_CARDS).splitlines() if line.startswith("| `")]
+    rows = [
+        line for line in full_scale_table(override_args, FORMULA_CARDS).splitlines() if line.startswith("| `")
+    ]
     assert rows and all(row in doc for row in rows), "docs/full-scale.md is out of date: regenerate it"
 
 
 @pytest.mark.slow
 def test_docs_full_scale_is_generated_from_every_card():
-    table = full_scale_table()
+    table = full_scale_table(override_args)
     assert "no estimate" not in table
     assert open("docs/full-scale.md").read() == table, (
         "docs/full-scale.md is out of date: litlab repro --full-scale-table > docs/full-scale.md"
@@ -201,7 +204,7 @@ def test_a_card_without_full_runs_plans_its_full_config():
         def runs_for(self, scale: str) -> dict:
             return {}
 
-    assert card_rows(Bare()) == [("(full config)", "-", "configs/lordo/full.yaml", [])]
+    assert card_rows(Bare(), override_args) == [("(full config)", "-", "configs/lordo/full.yaml", [])]
 
 
 @pytest.mark.parametrize("slug", ["lokra", "csplora"])
