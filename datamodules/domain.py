@@ -59,7 +59,15 @@ DOMAIN_LAYOUTS: dict[str, dict] = {
         "classes": 345,
     },
     # regression: RSD's image lists, <root>/image_list/<domain>.txt with lines "<relative path> <factor> ..."
-    "dsprites": {"domains": ("color", "noisy", "scream"), "kind": "image list", "factors": 3},
+    # the regression targets are (scale, x, y); RSD's released lists (<domain>.txt beside the image folders) carry
+    # (scale, orientation, x, y), Transfer-Learning-Library's all six latents (none, shape, scale, orientation, x,
+    # y): "columns" picks the targets out of a line with that many values
+    "dsprites": {
+        "domains": ("color", "noisy", "scream"),
+        "kind": "image list",
+        "factors": 3,
+        "columns": {4: (0, 2, 3), 6: (2, 4, 5)},
+    },
     "mpi3d": {"domains": ("real", "realistic", "toy"), "kind": "image list", "factors": 2},
 }
 
@@ -69,19 +77,22 @@ def expected_layout(benchmark: str) -> str:
     if spec["kind"] == "class folders":
         nested = f" (or <data_root>/<domain>/{spec['nested']}/<class>/<image>)" if "nested" in spec else ""
         return f"<data_root>/<domain>/<class>/<image>{nested}, domains {', '.join(spec['domains'])}"
+    widths = " or ".join(str(n) for n in (spec["factors"], *spec.get("columns", {})))
     return (
-        f"<data_root>/image_list/<domain>.txt (lines '<image path relative to data_root> <{spec['factors']} "
-        f"factor values>'), domains {', '.join(spec['domains'])}"
+        f"<data_root>/image_list/<domain>.txt or RSD's <data_root>/<domain>.txt (lines '<image path relative to "
+        f"data_root> <{widths} factor values>'), domains {', '.join(spec['domains'])}"
     )
 
 
 def domain_path(benchmark: str, data_root: str | Path, domain: str) -> Path:
     """A domain's class-folder root (``<data_root>/<domain>``, or its ``nested`` folder where the data set ships
-    one and it is there) or its image list."""
+    one and it is there) or its image list (``<data_root>/image_list/<domain>.txt``, or RSD's
+    ``<data_root>/<domain>.txt`` where only that is there)."""
     spec = DOMAIN_LAYOUTS[benchmark]
     root = Path(data_root)
     if spec["kind"] != "class folders":
-        return root / "image_list" / f"{domain}.txt"
+        listed, rsd = root / "image_list" / f"{domain}.txt", root / f"{domain}.txt"
+        return rsd if rsd.is_file() and not listed.exists() else listed
     nested = root / domain / spec.get("nested", "")
     return nested if "nested" in spec and nested.is_dir() else root / domain
 
@@ -185,15 +196,16 @@ def load_image_list(
     lines = [
         ln.split() for ln in domain_path(benchmark, data_root, domain).read_text().splitlines() if ln.strip()
     ]
-    n_factors = DOMAIN_LAYOUTS[benchmark]["factors"]
-    bad = [ln for ln in lines if len(ln) != 1 + n_factors]
+    spec = DOMAIN_LAYOUTS[benchmark]
+    columns = {spec["factors"]: tuple(range(spec["factors"])), **spec.get("columns", {})}
+    bad = [ln for ln in lines if len(ln) - 1 not in columns]
     if bad:
         raise DatasetUnavailableError(
             f"{domain_path(benchmark, data_root, domain)}: line {' '.join(bad[0])!r} does not have an image path "
-            f"and {n_factors} factor values ({expected_layout(benchmark)})"
+            f"and {' or '.join(map(str, columns))} factor values ({expected_layout(benchmark)})"
         )
     x = torch.stack([_load_image(Path(data_root) / ln[0], size) for ln in lines])
-    y = torch.tensor([[float(v) for v in ln[1:]] for ln in lines], dtype=torch.float32)
+    y = torch.tensor([[float(ln[1 + c]) for c in columns[len(ln) - 1]] for ln in lines], dtype=torch.float32)
     return x, y
 
 

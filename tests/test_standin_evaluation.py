@@ -99,7 +99,8 @@ def test_rl_stand_in_uses_the_configs_env_where_mujoco_imports(tmp_path):
 
 def test_domain_stand_in_files_are_what_the_full_datamodules_read(tmp_path):
     """Office-31 as its archive lays it out (<domain>/images/<class>/; before, the DataModule took ``images`` for
-    the one class) and RSD's dSprites image lists as the stand-ins write them, read by the full configs'
+    the one class) and dSprites' image lists as RSD releases them (4 factor values a line; before, only 3 were read)
+    as the stand-ins write them, read by the full configs'
     DataModules (without torchvision: the ImageFolder rules are litlab's own then)."""
     from litlab.datamodules.domain import MultiTargetDigitsDataModule, RegressionDomainsDataModule
     from litlab.lit_modules.domain import standin
@@ -132,5 +133,10 @@ def test_domain_stand_in_files_are_what_the_full_datamodules_read(tmp_path):
     )
     dsprites.setup()
     assert len(dsprites.source_dataset) == 24 and len(dsprites.target_train_dataset) == 16
-    low, high = dsprites.label_range
-    assert 0.5 <= float(low[0]) < float(high[0]) <= 1.0  # dSprites' scale range
+    # RSD's lines carry (scale, orientation, x, y): the targets are scale, x, y, min-max scaled on the source
+    lines = (tmp_path / "dsprites" / "color.txt").read_text().split("\n")[:-1]
+    factors = torch.tensor([[float(v) for v in line.split()[1:]] for line in lines])
+    assert factors.shape == (24, 4)
+    expected = factors[:, [0, 2, 3]]
+    expected = (expected - expected.min(0).values) / (expected.max(0).values - expected.min(0).values)
+    torch.testing.assert_close(dsprites.source_dataset.tensors[1], expected)

@@ -1,5 +1,5 @@
 """Stand-ins of the domain cards' full configs (``litlab fit --config configs/<slug>/full.yaml --stand-in``): a few
-JPEGs in the layout of Office-31's archive (U³CF) and a few PNGs with RSD's dSprites image lists (SFDA regression),
+JPEGs in the layout of Office-31's archive (U³CF) and a few JPEGs with dSprites' image lists as RSD releases them (SFDA regression),
 and the config's torchvision ResNet (resnet50, resnet18: the class the config names, at its own size) with random
 weights instead of the ImageNet ones (``net.backbone_weights: null``, the config's own switch), so the full loop
 (class folders or image lists, the ResNet backbone, the cached source stage, adaptation, evaluation) runs on the CPU
@@ -21,8 +21,8 @@ IMAGE_SIZE = 64  # a ResNet's last feature map is then 2 x 2: batch norm sees mo
 OFFICE31_DOMAINS = ("amazon", "dslr", "webcam")
 OFFICE31_CLASSES = ("back_pack", "bike", "calculator")
 OFFICE31_PER_CLASS = 3
-# dSprites' three domains (the config's color -> noisy, and scream for the C -> S task) and RSD's image-list
-# lines: <path> <scale> <x> <y>
+# dSprites' three domains (the config's color -> noisy, and scream for the C -> S task) in RSD's release:
+# <domain>/<i>.jpg and <domain>.txt, lines '<path> <scale> <orientation> <x> <y>', each factor scaled to [0, 1]
 DSPRITES_DOMAINS = ("color", "noisy", "scream")
 DSPRITES_PER_DOMAIN = 24  # a 70/30 target split of 16 / 8 images: more than the density's k = 10 neighbours
 
@@ -40,18 +40,18 @@ def write_office31(root: Path) -> Path:
 
 
 def write_dsprites_lists(root: Path) -> Path:
-    """``<root>/<domain>/<i>.png`` and ``<root>/image_list/<domain>.txt`` with one line per image: its path
-    relative to ``root`` and three factor values (scale in [0.5, 1], x and y in [0, 1], dSprites' ranges)."""
+    """``<root>/<domain>/<i>.jpg`` and ``<root>/<domain>.txt`` as RSD releases dSprites: one line per image, its
+    path relative to ``root`` and four factor values in [0, 1] (scale, orientation, x, y; the DataModule keeps
+    scale, x and y)."""
     from litlab.lit_modules.core.io import atomic_write_text
 
     gen = torch.Generator().manual_seed(0)
     for domain in DSPRITES_DOMAINS:
-        factors = torch.rand(DSPRITES_PER_DOMAIN, 3, generator=gen) * torch.tensor([0.5, 1.0, 1.0])
-        factors[:, 0] += 0.5
-        names = [f"{domain}/{i:06d}.png" for i in range(DSPRITES_PER_DOMAIN)]
+        factors = torch.rand(DSPRITES_PER_DOMAIN, 4, generator=gen)
+        names = [f"{domain}/{i}.jpg" for i in range(DSPRITES_PER_DOMAIN)]
         write_images([root / n for n in names], list(range(DSPRITES_PER_DOMAIN)), IMAGE_SIZE, gen)
-        lines = [f"{n} {' '.join(f'{v:.4f}' for v in row.tolist())}" for n, row in zip(names, factors)]
-        atomic_write_text(root / "image_list" / f"{domain}.txt", "\n".join(lines) + "\n")
+        lines = [f"{n} {' '.join(f'{v:.6f}' for v in row.tolist())}" for n, row in zip(names, factors)]
+        atomic_write_text(root / f"{domain}.txt", "\n".join(lines) + "\n")
     return root
 
 
