@@ -341,6 +341,17 @@ def scns(cfg: Config) -> Estimate:
     )
 
 
+class _Encoder(nn.Module):
+    """A VAE's encoder as a module whose forward is the latent mean (what the meta-device count runs)."""
+
+    def __init__(self, vae: Any) -> None:
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vae.encode(x).latent_dist.mean
+
+
 def litevsr(cfg: Config) -> Estimate:
     from litlab.lit_modules.diffusion.state_aware_adapter import AdapterConfig, StateAwareAdapter
 
@@ -370,9 +381,22 @@ def litevsr(cfg: Config) -> Estimate:
     step = lm_flops(w, stack, 1, tokens, train=True, recompute=True) + cross
     n_adapter = n_params(adapter)
     adapter_blocks = sum(int(m.get("adapter", {}).get(k, 1)) for k in ("n_struct", "n_refine", "n_fuse"))
-    step += 6 * n_adapter * tokens + 12 * adapter_blocks * tokens * tokens * int(
-        adapter_cfg.get("width", 1536)
+    adapter_attention = 4 * adapter_blocks * tokens * tokens * int(adapter_cfg.get("width", 1536))
+    step += 6 * n_adapter * tokens + 3 * adapter_attention
+    # self-conditioning: with probability self_cond_prob one more forward, without gradients
+    forward = (
+        lm_flops(w, stack, 1, tokens, train=False) + cross // 3 + 2 * n_adapter * tokens + adapter_attention
     )
+    step += float(m.get("self_cond_prob", 0.0)) * forward
+    # the HQ clip and the bicubic-upsampled LQ clip are encoded by the frozen VAE every step (vsr.training_step)
+    vae = build_on_meta(f"{repo}:vae")  # counted in fp32 on the meta device: the FLOPs do not depend on it
+    encode, _ = meta_train_step(
+        _Encoder(vae),
+        lambda: (torch.empty(1, 3, frames, height, width),),
+        train=False,
+        key=(repo, "vae-encode", frames, height, width),
+    )
+    step += 2 * encode
     steps = int(d.get("steps", 1))
     dtype = compute_dtype(cfg)
     one_block = lm_activation_bytes(
@@ -386,7 +410,7 @@ def litevsr(cfg: Config) -> Estimate:
         with_loss=False,
     )
     activations = layers * tokens * hidden * 4 + one_block
-    total = n_params(dit) + n_params(build_on_meta(f"{repo}:vae"))
+    total = n_params(dit) + n_params(vae)
     weights, grads, optim = memory(total + n_adapter, n_adapter, 4, 4, 2)
     return Estimate(
         [model_label(f"{repo}:transformer", dit), "AutoencoderKLWan", f"State-Aware Adapter ({n_adapter:,})"],
@@ -400,10 +424,12 @@ def litevsr(cfg: Config) -> Estimate:
         step * steps,
         f"{steps:,} steps of 1 clip",
         dtype,
+        flops_method="formula; the VAE a meta-device count",
         notes=[
-            "backbone blocks checkpointed (one forward recomputed); the VAE encoding of each clip and the umT5 "
-            "prompt embedding (once) not counted; the adapter's hint injection counted as gradients through "
-            "every backbone block"
+            "backbone blocks checkpointed (one forward recomputed); two VAE encodings a step (HQ, upsampled LQ: "
+            f"{2 * encode / 1e12:.0f} TFLOP, meta-device count) and the self-conditioning forward included; the "
+            "umT5 prompt embedding (once) not counted; the adapter's hints counted as gradients through every "
+            "backbone block"
         ],
     )
 
