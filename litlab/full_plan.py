@@ -66,7 +66,7 @@ def slurm_command(config: str, overrides: list[str], est: Estimate) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
-def plan_lines(est: Estimate, config: str, overrides: list[str]) -> list[str]:
+def plan_lines(est: Estimate, config: str, overrides: list[str], seeds: list[int] | None = None) -> list[str]:
     mem = (
         f"memory/GPU {gib(est.memory_bytes)} = weights {gib(est.weights_bytes)} + gradients "
         f"{gib(est.grads_bytes)} + optimiser {gib(est.optimizer_bytes)} + activations {gib(est.activations_bytes)}"
@@ -89,7 +89,13 @@ def plan_lines(est: Estimate, config: str, overrides: list[str]) -> list[str]:
             if est.shared_flops
             else []
         ),
-        "slurm: " + slurm_command(config, overrides, est),
+        *(
+            [f"slurm, one job per seed (seed_everything in {seeds}; here {seeds[0]}):"]
+            if seeds and len(seeds) > 1
+            else []
+        ),
+        "slurm: "
+        + slurm_command(config, [*overrides, *([f"--seed_everything={seeds[0]}"] if seeds else [])], est),
     ]
 
 
@@ -128,13 +134,15 @@ def card_rows(card: Any, override_args: Callable[[dict], list[str]]) -> list[tup
     return rows or [("(full config)", "-", f"configs/{card.slug}/full.yaml", [])]
 
 
-def print_run_plan(config: str, overrides: list[str], indent: str = "      ") -> Estimate | None:
+def print_run_plan(
+    config: str, overrides: list[str], seeds: list[int] | None = None, indent: str = "      "
+) -> Estimate | None:
     try:
         est = estimate_run(config, overrides)
     except (KeyError, ValueError) as err:
         print(f"{indent}no estimate: {err}")
         return None
-    for line in plan_lines(est, config, overrides):
+    for line in plan_lines(est, config, overrides, seeds):
         print(indent + line)
     return est
 

@@ -452,8 +452,8 @@ def prefill(cfg: Config) -> Estimate:
         batch=1,
         seq=seq,
         steps=prompts * len(lengths),
-        steps_text=f"{prompts} prompts x {lengths} tokens, prefill + {get(m, 'evaluation.max_new_tokens', 16)} "
-        "decoded tokens",
+        steps_text=f"{prompts} prompts x {lengths} tokens, prefill (the "
+        f"{get(m, 'evaluation.max_new_tokens', 16)} decoded tokens a prompt not counted)",
         datasets=[f"passkey prompts at {lengths} tokens (generated)"],
         train="none",
         model_dtype=get(m, "lm.dtype"),
@@ -461,10 +461,13 @@ def prefill(cfg: Config) -> Estimate:
     shape = MODEL_SHAPES[resolve_id(model_id)].arch
     head_dim = shape["hidden_size"] // shape["num_attention_heads"]
     kv_cache = 2 * shape["num_hidden_layers"] * seq * shape["num_key_value_heads"] * head_dim * 2
-    est.activations_bytes += kv_cache
+    logits = (
+        2 * shape["vocab_size"] * seq
+    )  # the prefill's bf16 logits at every position (kv_cache.greedy_generate)
+    est.activations_bytes += kv_cache + logits
     est.notes.append(
-        f"memory includes the dense bf16 KV cache of one {seq}-token prompt ({kv_cache / 2**30:.1f} GiB); "
-        "only the last position's logits"
+        f"memory includes the dense bf16 KV cache of one {seq}-token prompt ({kv_cache / 2**30:.1f} GiB) and the "
+        f"prefill's logits at every position ({logits / 2**30:.1f} GiB: the harness does not pass logits_to_keep)"
     )
     return est
 

@@ -680,7 +680,7 @@ def print_plan(
         overrides = " ".join(override_args(spec.all_overrides(scale))) or "(none)"
         print(f"  {name:<24} {spec.role:<9} {spec.config_path(scale)}  {overrides}")
         if scale == "full":  # what it costs: parameters, memory, GPU-hours, slurm (litlab/full_plan.py)
-            est = print_run_plan(spec.config_path(scale), override_args(spec.all_overrides(scale)))
+            est = print_run_plan(spec.config_path(scale), override_args(spec.all_overrides(scale)), seeds)
             hours += est.gpu_hours * len(seeds) if est else 0.0
             shared = max(shared, est.shared_gpu_hours * len(seeds) if est else 0.0)
     if scale == "full" and chosen:
@@ -688,7 +688,7 @@ def print_plan(
         print(f"  in all: {hours:,.3g} H100 GPU-hours for these {len(chosen) * len(seeds)} fits{also}")
     if scale == "full" and not chosen:
         print(f"  the card has no full-scale run; its config configs/{card.slug}/full.yaml as it stands:")
-        print_run_plan(f"configs/{card.slug}/full.yaml", [])
+        print_run_plan(f"configs/{card.slug}/full.yaml", [], seeds)
     left_out = sorted(set(runs) - set(chosen))
     if left_out:
         print(f"  not run: {', '.join(left_out)} (optional: --all, or name them with --only)")

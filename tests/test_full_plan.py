@@ -164,7 +164,10 @@ def test_plan_prints_counts_memory_hours_and_the_slurm_command(capsys):
     out = capsys.readouterr().out
     assert "parameters: 162,148,608 total, 162,148,608 trainable (bf16)" in out
     assert "memory/GPU" in out and "activations" in out and "H100 GPU-hours at 40% of 989 TFLOP/s" in out
-    assert "slurm: litlab slurm --config configs/lordo/full.yaml --nodes 1 --gpus-per-node 4 --time" in out
+    assert (
+        "slurm: litlab slurm --config configs/lordo/full.yaml --seed_everything=0 --nodes 1 --gpus-per-node 4 --time"
+        in out
+    )
     assert "in all: " in out and "H100 GPU-hours for these 1 fits" in out
 
 
