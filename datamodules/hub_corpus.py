@@ -69,6 +69,16 @@ class CorpusSource:
             raise ValueError("a CorpusSource needs a dataset (a Hugging Face id or a local folder)")
 
 
+# Diffract's CPT corpora by domain (the spec's reconstruction of the paper's setting): a source left unset is the
+# one of its domain
+DOMAIN_SOURCES = {
+    "math": CorpusSource(dataset="open-web-math/open-web-math"),
+    "code": CorpusSource(dataset="bigcode/starcoderdata", data_dir="python", field="content"),
+    "instruction": CorpusSource(dataset="allenai/tulu-3-sft-mixture", render="messages", field="messages"),
+    "text": CorpusSource(dataset="HuggingFaceFW/fineweb-edu", name="sample-10BT"),
+}
+
+
 def get_command(source: CorpusSource) -> str:
     """How to get ``source`` onto this machine."""
     include = f" --include '{source.data_dir}/*'" if source.data_dir else ""
@@ -235,8 +245,8 @@ class SourceWindows(IterableDataset):
 
 
 class HubCorpusDataModule(L.LightningDataModule):
-    """Next-token training on ``domain_source`` (named ``domain``), with validation loaders ``[domain,
-    general_domain]`` over fixed windows and ``eval_set(which)`` (the ``DomainEvalData`` contract of the analysis
+    """Next-token training on ``domain_source`` (named ``domain``; unset, the corpus of ``DOMAIN_SOURCES`` for the
+    domain: math, code, instruction, text), with validation loaders ``[domain, general_domain]`` over fixed windows and ``eval_set(which)`` (the ``DomainEvalData`` contract of the analysis
     family) for training-free evaluations and curvature calibration. See the module docstring for where data is
     read from and how records become windows. Every source is located (and a missing one refused) when the module
     is built; the tokenizer loads then too.
@@ -269,8 +279,16 @@ class HubCorpusDataModule(L.LightningDataModule):
             )
         self.save_hyperparameters()
         self.domain, self.general_domain = domain, general_domain
-        self.domain_source = as_config(CorpusSource, domain_source, "domain_source")
-        self.general_source = as_config(CorpusSource, general_source, "general_source")
+        for name, source in ((domain, domain_source), (general_domain, general_source)):
+            if source is None and name not in DOMAIN_SOURCES:
+                raise ValueError(
+                    f"domain {name!r} has no default corpus (those with one: {sorted(DOMAIN_SOURCES)}): give its "
+                    "source (domain_source / general_source)"
+                )
+        self.domain_source = as_config(CorpusSource, domain_source or DOMAIN_SOURCES[domain], "domain_source")
+        self.general_source = as_config(
+            CorpusSource, general_source or DOMAIN_SOURCES[general_domain], "general_source"
+        )
         if self.general_source.render == "question_answer":
             raise ValueError("general_source is the broad distribution: render it as text or messages")
         self.paths = {

@@ -108,6 +108,32 @@ def test_a_resumed_stream_continues_where_it_stopped(tmp_path, offline):
     )  # held out from training
 
 
+def test_every_diffract_domain_reads_its_corpus_from_the_stand_in(tmp_path, offline):
+    from litlab.datamodules.hub_corpus import DOMAIN_SOURCES, HubCorpusDataModule, SourceWindows
+    from litlab.lit_modules.analysis.standin import stand_in_diffract
+
+    args = dict(
+        a.removeprefix("--data.init_args.").split("=", 1) for a in stand_in_diffract(tmp_path) if "data." in a
+    )
+    for domain in ("math", "code", "instruction"):
+        dm = HubCorpusDataModule(
+            domain=domain,
+            tokenizer=args["tokenizer"],
+            data_root=args["data_root"],
+            block_size=16,
+            batch_size=2,
+            val_windows=2,
+            eval_records=2,
+        )
+        assert dm.domain_source == DOMAIN_SOURCES[domain] and dm.paths["domain"].endswith(
+            DOMAIN_SOURCES[domain].dataset
+        )
+        first = dm.tokenizer.decode(next(iter(SourceWindows(dm)))["input_ids"])
+        held_out = dm.tokenizer.decode(dm.eval_set("domain")["input_ids"][0])
+        assert first and held_out and dm.eval_set("general")["input_ids"].shape == (2, 16)
+    assert "<|user|>" in held_out  # tulu-3's messages in the Tulu template
+
+
 def test_a_data_set_missing_offline_names_it_and_the_download(tmp_path, offline):
     from litlab.datamodules.hub_corpus import HubCorpusDataModule
     from litlab.datamodules.hub_tasks import HubTaskDataModule

@@ -163,7 +163,8 @@ def lm_losses(
     the model's device (a no-op on the CPU), and a chunk holds at most ``LOGITS_BUDGET`` logits (a 100k vocabulary
     at 4096 tokens: one window at a time)."""
     out = []
-    device = next(model.parameters()).device
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if vocab:
         chunk = min(chunk, max(1, LOGITS_BUDGET // (batch["input_ids"].shape[1] * vocab)))

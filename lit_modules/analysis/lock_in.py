@@ -440,7 +440,10 @@ def broad_hessian_basis(
     model.eval()
     torch.set_num_threads(1)  # the cached artifact must not depend on the process's thread count
     try:
-        eig = C.lanczos(C.hessian_operator(f, theta0), flat.size, plan.k, plan.lanczos_iters, seed)
+        hessian = C.hessian_operator(f, theta0)
+        # the Lanczos vectors stay on the CPU (k copies of the parameters); each product runs where θ0 is
+        matvec = hessian if theta0.device.type == "cpu" else lambda v: hessian(v.to(theta0.device)).cpu()
+        eig = C.lanczos(matvec, flat.size, plan.k, plan.lanczos_iters, seed)
     finally:
         torch.set_num_threads(threads)
         model.train(was)

@@ -264,6 +264,13 @@ def encode_pieces(tokenizer: TextTokens, *pieces: str) -> Tensor:
 
 
 # ---- model calls ---------------------------------------------------------------------------------------------------
+def _on_model(model: nn.Module, x: Tensor) -> Tensor:
+    """``x`` on the model's device (a no-op on the CPU or for a model without parameters): the strategies build
+    their ids on the CPU."""
+    param = next(model.parameters(), None)
+    return x if param is None else x.to(param.device)
+
+
 def _logits(model: nn.Module, x: Tensor) -> Tensor:
     out = model(x)
     return out if isinstance(out, Tensor) else out.logits
@@ -286,17 +293,17 @@ def token_logprobs(
 ) -> Tensor:
     """``log p(x_j | x_<j)`` (float64) of every token of ``text``; entry 0 (the first token) is 0. With
     ``smoothing_eps`` each distribution is smoothed over the model's vocabulary (``TC.smoothed_logprobs``)."""
-    ids = tokenizer.encode(text)
+    ids = _on_model(model, tokenizer.encode(text))
     block = _block(model)
     out = torch.zeros(len(ids), dtype=torch.float64)
     if len(ids) <= block + 1:  # one forward
         lp = torch.log_softmax(_logits(model, ids[None, :-1])[0].double(), -1)
-        out[1:] = TC.smoothed_logprobs(lp.gather(1, ids[1:, None])[:, 0], lp.shape[-1], smoothing_eps)
+        out[1:] = TC.smoothed_logprobs(lp.gather(1, ids[1:, None])[:, 0], lp.shape[-1], smoothing_eps).cpu()
         return out
     for j in range(1, len(ids)):  # longer than the context: each token with the last ``block`` before it
         ctx = ids[max(0, j - block) : j]
         lp = torch.log_softmax(_logits(model, ctx[None])[0, -1].double(), -1)
-        out[j] = TC.smoothed_logprobs(lp[ids[j]], lp.shape[-1], smoothing_eps)
+        out[j] = TC.smoothed_logprobs(lp[ids[j]], lp.shape[-1], smoothing_eps).cpu()
     return out
 
 
@@ -354,8 +361,8 @@ def greedy_answers(
     tokens at most); rows of equal length run as one batch. A Hugging Face model decodes through its KV cache, the
     prompt's cache computed once and shared by every question."""
     model.eval()
-    pre = encode_pieces(tokenizer, prefix)
-    seqs = [encode_pieces(tokenizer, q) for q in questions]
+    pre = _on_model(model, encode_pieces(tokenizer, prefix))
+    seqs = [_on_model(model, encode_pieces(tokenizer, q)) for q in questions]
     by_len: dict[int, list[int]] = {}
     for i, s in enumerate(seqs):
         by_len.setdefault(len(pre) + len(s), []).append(i)
@@ -443,12 +450,15 @@ def fit_examples(
         for b0 in range(0, n, batch_size):
             if step >= steps:
                 break
-            ids, labels, mask = _batch([pairs[i] for i in order[b0 : b0 + batch_size]], tokenizer)
+            ids, labels, mask = (
+                _on_model(model, t)
+                for t in _batch([pairs[i] for i in order[b0 : b0 + batch_size]], tokenizer)
+            )
             logits = _logits(model, ids[:, :-1])
             if code and epoch == 0:  # scored before this batch's optimizer step
                 lp = torch.log_softmax(logits.detach().double(), -1).gather(2, ids[:, 1:, None])[..., 0]
                 first = torch.full((ids.shape[0],), -first_bits * math.log(2), dtype=torch.float64)
-                coded.append(torch.cat([lp[mask], first]))
+                coded.append(torch.cat([lp[mask].cpu(), first]))
                 if trace is not None:
                     trace.append(("score", len(coded) - 1))
             loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
