@@ -67,8 +67,18 @@ DOMAIN_LAYOUTS: dict[str, dict] = {
         "kind": "image list",
         "factors": 3,
         "columns": {4: (0, 2, 3), 6: (2, 4, 5)},
+        "aliases": {
+            "C": "color",
+            "N": "noisy",
+            "S": "scream",
+        },  # the task letters of RSD's and TLLib's scripts
     },
-    "mpi3d": {"domains": ("real", "realistic", "toy"), "kind": "image list", "factors": 2},
+    "mpi3d": {
+        "domains": ("real", "realistic", "toy"),
+        "kind": "image list",
+        "factors": 2,
+        "aliases": {"RL": "real", "RC": "realistic", "T": "toy"},
+    },
 }
 
 
@@ -82,6 +92,12 @@ def expected_layout(benchmark: str) -> str:
         f"<data_root>/image_list/<domain>.txt or RSD's <data_root>/<domain>.txt (lines '<image path relative to "
         f"data_root> <{widths} factor values>'), domains {', '.join(spec['domains'])}"
     )
+
+
+def domain_name(benchmark: str, name: str) -> str:
+    """A domain by its name or its task letter(s) (dSprites' C, N, S, as the quick scale's renders are named and
+    the cards' runs name them at every scale) -> its name."""
+    return DOMAIN_LAYOUTS[benchmark].get("aliases", {}).get(name, name)
 
 
 def domain_path(benchmark: str, data_root: str | Path, domain: str) -> Path:
@@ -339,6 +355,7 @@ class RegressionDomainsDataModule(L.LightningDataModule):
                 raise ValueError(f"n_target_train must be in (0, {n_per_domain}), got {n_target_train}")
             self.num_outputs = 3
         else:
+            source, target = domain_name(benchmark, source), domain_name(benchmark, target)
             check_domain_folder(benchmark, data_root, [source, target])
             self.num_outputs = DOMAIN_LAYOUTS[benchmark]["factors"]
         if source == target:
@@ -356,7 +373,7 @@ class RegressionDomainsDataModule(L.LightningDataModule):
         """What shapes the source domain's data: part of the source stage's cache key (the renders' seed at
         quick scale; the image list's files at full scale)."""
         h = self.hparams
-        key = {"benchmark": h.benchmark, "source": h.source, "n": h.n_per_domain, "size": h.size}
+        key = {"benchmark": h.benchmark, "source": self.source_domain, "n": h.n_per_domain, "size": h.size}
         if h.benchmark == "dsprites_like":
             key["data_seed"] = self._render_seed if self._render_seed is not None else derive_seed("data")
         return key | {"data_root": h.data_root}
@@ -376,8 +393,8 @@ class RegressionDomainsDataModule(L.LightningDataModule):
             xt, yt = dom(h.target)
             self.label_range = torch.tensor([[0.0] * 3, [1.0] * 3])
         else:
-            xs, ys = load_image_list(h.benchmark, h.data_root, h.source, h.size)
-            xt, yt = load_image_list(h.benchmark, h.data_root, h.target, h.size)
+            xs, ys = load_image_list(h.benchmark, h.data_root, self.source_domain, h.size)
+            xt, yt = load_image_list(h.benchmark, h.data_root, self.target, h.size)
             lo, hi = ys.min(0).values, ys.max(0).values
             self.label_range = torch.stack([lo, hi])
             ys = (ys - lo) / (hi - lo).clamp_min(1e-8)

@@ -140,3 +140,10 @@ def test_domain_stand_in_files_are_what_the_full_datamodules_read(tmp_path):
     expected = factors[:, [0, 2, 3]]
     expected = (expected - expected.min(0).values) / (expected.max(0).values - expected.min(0).values)
     torch.testing.assert_close(dsprites.source_dataset.tensors[1], expected)
+    # the task letters the card's runs use at every scale (RSD's and TLLib's scripts too) name the same domains
+    letters = RegressionDomainsDataModule(
+        benchmark="dsprites", source="C", target="S", data_root=str(tmp_path / "dsprites"), size=64
+    )
+    assert (letters.source_domain, letters.target) == ("color", "scream")
+    letters.setup()
+    assert torch.equal(letters.source_dataset.tensors[0], dsprites.source_dataset.tensors[0])
