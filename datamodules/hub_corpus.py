@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -302,7 +301,7 @@ class HubCorpusDataModule(L.LightningDataModule):
         hp = self.hparams
         records = iter(open_records(source, path, source.eval_split or source.split))
         if source.render == "question_answer":
-            held_out = _take(records, hp.val_windows)
+            held_out = take_records(records, hp.val_windows)
             if len(held_out) < hp.val_windows:
                 raise DatasetUnavailableError(
                     f"data set {source.dataset!r} has {len(held_out)} records for evaluation, fewer than "
@@ -318,7 +317,7 @@ class HubCorpusDataModule(L.LightningDataModule):
             return {k: torch.stack([w[k] for w in windows]) for k in ("input_ids", "labels")}
         eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         ids: list[int] = []
-        for record in _take(records, hp.eval_records):
+        for record in take_records(records, hp.eval_records):
             ids += self.tokenizer(render_text(source, record), add_special_tokens=False)["input_ids"] + eos
         if len(ids) < hp.block_size + 1:
             raise DatasetUnavailableError(
@@ -336,10 +335,6 @@ class HubCorpusDataModule(L.LightningDataModule):
             self._eval[which] = self._eval_windows(source, self.paths[which])
         return self._eval[which]
 
-    @cached_property
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
-
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
         # tokenised in the main process: a worker of an IterableDataset would read the whole stream again
@@ -354,7 +349,8 @@ class HubCorpusDataModule(L.LightningDataModule):
         return loaders
 
 
-def _take(records, n: int) -> list[dict]:
+def take_records(records, n: int) -> list[dict]:
+    """The first ``n`` records of a stream (fewer when it ends first)."""
     out = []
     for record in records:
         if len(out) >= n:

@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from litlab.datamodules.hub_corpus import CorpusSource, _take, open_records, question_answer, resolve
+from litlab.datamodules.hub_corpus import CorpusSource, open_records, question_answer, resolve, take_records
 from litlab.lit_modules.core.config import as_config
 from litlab.lit_modules.core.errors import DatasetUnavailableError
 from litlab.lit_modules.core.seeding import derive_seed
@@ -95,7 +95,8 @@ class HubTaskDataModule(L.LightningDataModule):
 
     def _pairs(self, source: CorpusSource, path: str, split: str, n: int) -> list[tuple[str, str]]:
         pairs = [
-            one_line(*question_answer(source, r)) for r in _take(iter(open_records(source, path, split)), n)
+            one_line(*question_answer(source, r))
+            for r in take_records(iter(open_records(source, path, split)), n)
         ]
         if not pairs:
             raise DatasetUnavailableError(f"data set {source.dataset!r} has no records in split {split!r}")
