@@ -100,14 +100,17 @@ def plan_lines(est: Estimate, config: str, overrides: list[str], seeds: list[int
 
 
 def estimate(cfg: dict[str, Any]) -> Estimate:
-    """The estimate of one resolved full-scale config, by the class of its model (``ESTIMATORS``, then
-    ``OTHER_ESTIMATORS``, then one for the model's family); ``KeyError`` naming the class when none is written."""
+    """The estimate of one resolved full-scale config, by the class of its model (the estimator modules' tables),
+    else by its family (``family:<name>``); ``KeyError`` naming the class when none is written."""
+    from litlab.full_plan_diffusion import DIFFUSION_ESTIMATORS
     from litlab.full_plan_estimators import ESTIMATORS
+    from litlab.full_plan_lms import LM_ESTIMATORS
     from litlab.full_plan_others import OTHER_ESTIMATORS
 
+    by_class = {**ESTIMATORS, **LM_ESTIMATORS, **DIFFUSION_ESTIMATORS, **OTHER_ESTIMATORS}
     class_path = str(get(cfg, "model.class_path", ""))
     name = class_path.rpartition(".")[2]
-    fn = ESTIMATORS.get(name) or OTHER_ESTIMATORS.get(name)
+    fn = by_class.get(name)
     if fn is None:
         family = class_path.split(".lit_modules.")[-1].split(".")[0]
         fn = OTHER_ESTIMATORS.get(f"family:{family}")
