@@ -115,7 +115,9 @@ def estimate(cfg: dict[str, Any]) -> Estimate:
         family = class_path.split(".lit_modules.")[-1].split(".")[0]
         fn = OTHER_ESTIMATORS.get(f"family:{family}")
     if fn is None:
-        raise KeyError(f"no full-scale estimate for {class_path}: add one to litlab/full_plan_estimators.py")
+        raise KeyError(
+            f"no full-scale estimate for {class_path}: add one to the litlab/full_plan_*.py of its kind"
+        )
     return fn(cfg)
 
 
