@@ -60,7 +60,8 @@ def test_question_answer_windows_label_the_answer_only():
     labelled = (w["labels"] != -100).nonzero().flatten().tolist()
     assert labelled == [q - 1, q, q + 1]  # predicts " ", "5" and EOS
     assert tok.decode(w["labels"][labelled[:2]]) == " 5" and int(w["labels"][q + 1]) == tok.eos_token_id
-    assert torch.equal(w["input_ids"][1:], torch.cat([w["input_ids"][1 : q + 3], w["input_ids"][q + 3 :]]))
+    assert tok.decode(w["input_ids"][: q + 2]) == "Question: 2+3?\nAnswer: 5"
+    assert bool((w["input_ids"][q + 3 :] == tok.pad_token_id).all())  # right padding after the EOS
     assert qa_window(tok, "Q" * 40, " 5", block_size=32) is None  # no answer token fits: left out
 
 
