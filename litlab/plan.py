@@ -7,6 +7,8 @@ Confidence-Guided Structural Planning for Low-Rank Adaptation").
 The model of the config must be a ``litlab.lit_modules.core.rank_plan.RankPlanner``
 (``make_rank_plan(datamodule) -> RankPlan``: CSPLoRA's classifier and LM probe and the LoKRA/LoRA language model are). The plan holds scores, not ranks: any budget and any adapter backend that takes
 ``rank_plan`` (LoRA, LoKRA/LoKRA+, Janus-LoRA, ...) reads its own ranks from it, without probing again.
+``--stand-in`` probes the card's stand-in of a full config (``litlab.standin``: a tiny model of the same classes,
+a few records, offline on the CPU; the planner's batch count shrunk to what they give).
 Other arguments are ``litlab fit`` overrides (``--seed_everything=1``: the run seed, from which the probe draws its
 batches).
 """
@@ -55,11 +57,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--r-min", type=int, default=0)
     parser.add_argument("--figure", default=None, help="also write the depth x family saliency heatmap (png)")
+    parser.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="probe the card's tiny stand-in of a full config (as `litlab fit --stand-in`), offline on the CPU",
+    )
     args, overrides = parser.parse_known_args(argv)
     # the planner imports torch (seconds): only now, so that `litlab plan --help` answers at once
     from litlab.lit_modules.core.rank_plan import RankPlanner, saliency_heatmap
 
-    fit_args = [a for c in args.config for a in ("--config", c)] + overrides
+    configs = [a for c in args.config for a in ("--config", c)]
+    fit_args = configs + overrides
+    if args.stand_in:
+        from litlab.standin import expand_stand_in_flag
+
+        # the stand-in's overrides after the configs and before the user's, which win (as `litlab fit --stand-in`)
+        fit_args = expand_stand_in_flag([*configs, "--stand-in", *overrides])
     model, datamodule = _build(fit_args)
     try:
         check_protocol(model, RankPlanner, "litlab plan")

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from litlab.lit_modules.core.adapters import AdapterLinear
-from litlab.lit_modules.core.io import atomic_write_text
+from litlab.lit_modules.core.io import atomic_write_json, atomic_write_text
 
 PLAN_FORMAT = "litlab.rank_plan/1"
 GammaStrategy = Literal["fixed", "adaptive_std", "uniform"]
@@ -411,6 +411,38 @@ class RankPlan:
         if stored_hash is not None and stored_hash != plan.modules_hash:
             raise ValueError(f"rank plan {path}: its module list does not match its hash (edited by hand?)")
         return plan
+
+
+# ``rank_plan`` = this value: no plan file; the fit probes its own frozen base once, at its start (see
+# ``plan_or_probe``), with the planner ``litlab plan`` runs, and writes the plan into its run folder
+PROBE_AT_FIT_START = "probe"
+
+
+def plan_or_probe(rank_plan: str | None, names: Iterable[str], probe: Callable[[], RankPlan]) -> RankPlan:
+    """The plan a backend's ``rank_plan`` names, as a fit reads it at its start: a plan file (``litlab plan``),
+    checked against the model's target modules ``names``; or, for ``PROBE_AT_FIT_START`` (and ``None``, where
+    the module always plans, as ``CSPLoRAClassifier``), one call of ``probe``, the module's own
+    ``make_rank_plan`` stage 1 on its frozen base."""
+    if rank_plan is None or rank_plan == PROBE_AT_FIT_START:
+        plan = probe()
+    else:
+        plan = RankPlan.load(rank_plan)
+    plan.check_matches(names)
+    return plan
+
+
+def write_plan_into_run(
+    trainer: Any, rank_plan: RankPlan | None, ranks: Mapping[str, int], /, **about: Any
+) -> None:
+    """At fit start, into the run folder (``trainer.default_root_dir``, rank 0 only): ``ranks.json`` (``about``
+    then the ranks) and, where the fit probed or read one, the plan as ``rank_plan.json``, the artefact another
+    fit's ``rank_plan`` or ``litlab plan``'s readers take."""
+    root = trainer.default_root_dir
+    if not (trainer.is_global_zero and root):
+        return
+    atomic_write_json(f"{root}/ranks.json", {**about, "ranks": dict(ranks)})
+    if rank_plan is not None:
+        rank_plan.save(f"{root}/rank_plan.json")
 
 
 def planned_ranks(

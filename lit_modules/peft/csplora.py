@@ -51,8 +51,10 @@ from litlab.lit_modules.core.rank_plan import (
     causal_lm_loss_and_confidence,
     classification_loss_and_confidence,
     family_of,
+    plan_or_probe,
     probe_saliency,
     saliency_heatmap,
+    write_plan_into_run,
 )
 from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult
 from litlab.lit_modules.core.seeding import derive_seed
@@ -268,11 +270,7 @@ class CSPLoRAClassifier(L.LightningModule):
         hp = self.hparams
         if self.plan_kind == "uniform":
             return {n: hp.r_base for n in names}
-        if hp.rank_plan is not None:
-            plan = RankPlan.load(hp.rank_plan)
-            plan.check_matches(names)
-        else:
-            plan = self.probe(names, dm)
+        plan = plan_or_probe(hp.rank_plan, names, lambda: self.probe(names, dm))
         self.rank_plan_artefact = plan
         variant = "csplora" if self.plan_kind == "inverted" else self.plan_kind
         r_max = self.planner_cfg.r_max_factor * hp.r_base
@@ -286,14 +284,9 @@ class CSPLoRAClassifier(L.LightningModule):
 
     # ---- training ----------------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
-        root = self.trainer.default_root_dir
-        if self.trainer.is_global_zero and root:
-            atomic_write_json(
-                f"{root}/ranks.json",
-                {"plan": self.plan_kind, "r_base": self.hparams.r_base, "ranks": self.ranks},
-            )
-            if self.rank_plan_artefact is not None:
-                self.rank_plan_artefact.save(f"{root}/rank_plan.json")
+        write_plan_into_run(
+            self.trainer, self.rank_plan_artefact, self.ranks, plan=self.plan_kind, r_base=self.hparams.r_base
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.head(self.backbone.forward_features(x))

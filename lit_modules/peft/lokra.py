@@ -45,16 +45,14 @@ from litlab.lit_modules.core.hf import load_causal_lm
 from litlab.lit_modules.core.kruskal import normalize_columns
 from litlab.lit_modules.core.pretrain import pretrained_tiny_gpt
 from litlab.lit_modules.core.rank_plan import (
-    ProbeSettings,
+    PROBE_AT_FIT_START,
     RankPlan,
-    causal_lm_loss_and_confidence,
-    family_of,
     planned_ranks,
-    probe_saliency,
 )
 from litlab.lit_modules.core.schedules import warmup_then_decay_lr
 from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.peft.commonsense_eval import generated_answers_correct
+from litlab.lit_modules.peft.lm_rank_probe import FitStartRankProbe
 
 Mode = Literal["lora", "lokra", "lokra_plus"]
 BlockMode = Literal["random", "fixed"]
@@ -97,14 +95,23 @@ class KruskalPenalty:
 class AdapterPlan:
     """Where and how large the adapters are: ``rank`` r (r₁ for LoKRA+), ``alpha`` α (scale α/r), ``r2``
     LoKRA+'s second factor's rows (None: ⌈d_out/r₁⌉), ``dropout`` on the adapter's input, ``targets`` name
-    suffixes of the linear layers to adapt (or one regex)."""
+    suffixes of the linear layers to adapt (or one regex).
+
+    ``rank_plan``: CSPLoRA's per-module ranks averaging ``rank`` (α fixed, so each module's scale is α/r_l): a
+    plan file written by ``litlab plan``, or ``"probe"``: the fit probes its frozen base itself when it sets up,
+    reading ``probe_batches`` training batches (``litlab.lit_modules.peft.lm_rank_probe`` says why and how)."""
 
     rank: int = 4
     alpha: float = 8.0
     r2: int | None = None
     dropout: float = 0.0
     targets: tuple[str, ...] | str = DEFAULT_TARGETS
-    rank_plan: str | None = None  # a CSPLoRA plan file: per-module ranks (r₁) averaging ``rank``, α fixed
+    rank_plan: str | None = None
+    probe_batches: int = 20  # batches the CSPLoRA probe reads (rank_plan "probe" and `litlab plan`)
+
+    def __post_init__(self) -> None:
+        if self.probe_batches < 1:
+            raise ValueError(f"adapter.probe_batches={self.probe_batches} must be >= 1")
 
 
 @config_part
@@ -171,14 +178,29 @@ def blockwise_logdet_penalty(
     return -logdet.mean()  # 4. P(M) = −mean_S log det
 
 
-def inject_lokra(model: nn.Module, mode: Mode, plan: AdapterPlan) -> dict[str, AdapterLinear]:
-    """LoRA and LoKRA share the low-rank branch; LoKRA+ uses the Khatri–Rao branch (r₁ = rank)."""
+def check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be 'lora', 'lokra' or 'lokra_plus', got {mode!r}")
+
+
+def inject_lokra(
+    model: nn.Module, mode: Mode, plan: AdapterPlan, probed: RankPlan | None = None
+) -> dict[str, AdapterLinear]:
+    """LoRA and LoKRA share the low-rank branch; LoKRA+ uses the Khatri–Rao branch (r₁ = rank). Ranks: uniform,
+    or from ``plan.rank_plan``'s file, or from ``probed`` (the plan a ``"probe"`` fit made at its start)."""
+    check_mode(mode)
     extra = {"r2": plan.r2} if mode == "lokra_plus" else {}
     targets = plan.targets if isinstance(plan.targets, str) else list(plan.targets)
-    rank = plan.rank
-    if plan.rank_plan is not None:
+    rank: int | dict[str, int] = plan.rank
+    if probed is not None:
+        probed.check_matches(target_linear_names(model, targets))
+        rank = probed.ranks(plan.rank)
+    elif plan.rank_plan == PROBE_AT_FIT_START:
+        raise ValueError(
+            f"adapter.rank_plan={PROBE_AT_FIT_START!r} is probed by the language model when its fit sets up; "
+            "inject_lokra needs that plan (probed=) or a plan file"
+        )
+    elif plan.rank_plan is not None:
         rank = planned_ranks(plan.rank_plan, target_linear_names(model, targets), r_base=plan.rank)
     return inject_adapters(
         model,
@@ -225,9 +247,23 @@ class _LoKRABase(L.LightningModule):
     adapted: dict[str, AdapterLinear]
 
     def _adapt(self, mode: Mode, adapter: AdapterPlan, penalty: KruskalPenalty) -> None:
+        """The adapters now, or, with ``adapter.rank_plan="probe"``, once ``setup`` has probed the base."""
+        check_mode(mode)
         self.mode = mode
         self.penalty_cfg = as_config(KruskalPenalty, penalty, "penalty")
-        self.adapted = inject_lokra(self.model, mode, as_config(AdapterPlan, adapter, "adapter"))
+        self.adapter_cfg = as_config(AdapterPlan, adapter, "adapter")
+        self.adapted = {}
+        self.rank_plan_artefact: RankPlan | None = None  # the plan probed at fit start (rank_plan "probe")
+        if self.adapter_cfg.rank_plan != PROBE_AT_FIT_START:
+            self._inject(None)
+        elif not isinstance(self, FitStartRankProbe):
+            raise ValueError(
+                f"adapter.rank_plan={PROBE_AT_FIT_START!r}: only LoKRALanguageModel probes its base; "
+                f"{type(self).__name__} takes a plan file"
+            )
+
+    def _inject(self, probed: RankPlan | None) -> None:
+        self.adapted = inject_lokra(self.model, self.mode, self.adapter_cfg, probed)
         self.rule = LoKRARule(self.adapted, self.penalty_cfg)
 
     def task_loss(self, batch) -> Tensor:
@@ -295,7 +331,7 @@ class LoKRAMatrixApprox(_LoKRABase):
         return torch.optim.Adam(adapter_parameters(self.adapted), lr=self.hparams.lr)
 
 
-class LoKRALanguageModel(_LoKRABase):
+class LoKRALanguageModel(FitStartRankProbe, _LoKRABase):
     """Adapt a frozen causal LM with LoRA / LoKRA / LoKRA+ on next-token loss (tiny end-to-end run and the
     paper's scale: DoRA's commonsense protocol, AdamW with linear warm-up then linear decay).
 
@@ -357,27 +393,6 @@ class LoKRALanguageModel(_LoKRABase):
                 self.model, dm.tokenizer, batch, self.hparams.eval_max_new_tokens, dm.pad_token_id
             )
             self.log("val/commonsense_acc", correct.float().mean(), batch_size=len(correct))
-
-    def make_rank_plan(self, datamodule, batches: int = 20) -> RankPlan:
-        """CSPLoRA's stage 1 on this LM (``litlab plan``): confidence-weighted Taylor saliency of each adapted
-        module's base weight over ``batches`` training batches (labels already next-token aligned, so no
-        shift). The adapters are still at B = 0, so the probed function is the frozen base's."""
-        datamodule.setup("fit")
-        loader = iter(datamodule.train_dataloader())
-        probe_batches = [next(loader) for _ in range(batches)]
-
-        def loss_and_confidence(model: nn.Module, batch) -> tuple[Tensor, Tensor]:
-            logits = self._logits(batch).float()
-            return causal_lm_loss_and_confidence(logits, batch["labels"], aligned=True)
-
-        settings = ProbeSettings(min_steps=batches, max_steps=batches)
-        scores, stats = probe_saliency(self.model, self.adapted, probe_batches, loss_and_confidence, settings)
-        return RankPlan(
-            scores=scores,
-            families={n: family_of(n) for n in scores},
-            base_model=str(self.hparams.backbone),
-            probe=stats,
-        )
 
     def configure_optimizers(self):
         hp = self.hparams

@@ -165,9 +165,12 @@ def stand_in_lokra(workdir: Path) -> list[str]:
 
 def stand_in_csplora(workdir: Path) -> list[str]:
     """configs/csplora/full.yaml on a tiny LLaMA-2-7B-shaped ``LlamaForCausalLM`` (multi-head attention, θ = 10 000,
-    a ``LlamaTokenizer``) and the same 10 records: one epoch of 2 steps of 4, LoRA rank 4 on its seven projections."""
+    a ``LlamaTokenizer``) and the same 10 records: one epoch of 2 steps of 4, LoRA rank 4 on its seven projections;
+    the CSPLoRA probe (``adapter.probe_batches``, 20 in the config) reads the epoch's 2 batches."""
 
     def write(folder: Path, generator: torch.Generator) -> None:
         write_tiny_llama(folder, write_char_llama_tokenizer(folder), generator, 4, 10000.0)
 
-    return _commonsense_stand_in(workdir, "tiny-llama2", write)
+    return _commonsense_stand_in(workdir, "tiny-llama2", write) + [
+        "--model.init_args.adapter.probe_batches=2"
+    ]
