@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from litlab.lit_modules.core.adapters import AdapterLinear, KhatriRaoBranch, LowRankBranch
 
@@ -204,3 +207,35 @@ def counted_flops(step: Callable[[], torch.Tensor], backward: bool) -> int:
         if backward:
             out.float().sum().backward()
     return int(counter.get_total_flops())
+
+
+class LiveStoragePeak(TorchDispatchMode):
+    """The peak of the bytes held by live storages (the tracked tensors' and every op's outputs) while it is
+    active: what a step needs at its fullest, measured on any device (a CPU has no allocator statistics)."""
+
+    def __init__(self, tracked: list[torch.Tensor] = ()) -> None:  # type: ignore[assignment]
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = self.peak = 0
+        for t in tracked:
+            self.track(t)
+
+    def track(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self.live:
+            return
+        self.live[key] = size = storage.nbytes()
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._freed, key)
+
+    def _freed(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.track(t)
+        return out

@@ -240,3 +240,31 @@ def test_the_formulas_hold_on_the_cards_own_stand_in_model(slug: str, tmp_path):
             )
     assert flops[0] == pytest.approx(flops[1], rel=1e-3)
     assert formula == pytest.approx(measured, rel=0.10)
+
+
+@pytest.mark.parametrize("trained", [True, False], ids=["full", "lora"])
+def test_a_training_steps_peak_is_the_plans_memory_within_a_tenth(trained: bool):
+    """The plan's memory per GPU (weights + gradients + AdamW's two states + activations) against the peak of live
+    storages over three AdamW steps of a stand-in-sized Llama (the first step allocates the optimiser's state)."""
+    from litlab.full_plan_formulas import LiveStoragePeak
+
+    model, config = tiny_llama(4, "sdpa")
+    if not trained:
+        model.requires_grad_(False)
+        inject_adapters(model, TARGETS, rank=4, alpha=8.0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, foreach=False)
+    b, s = 2, 128
+    ids = torch.randint(0, 97, (b, s))
+    step = train_step(model, ids, False)
+    with LiveStoragePeak(list(model.parameters())) as tracker:
+        for _ in range(3):
+            step().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    n_all, n_trained = sum(p.numel() for p in model.parameters()), sum(p.numel() for p in trainable)
+    activations = lm_activation_bytes(
+        Stack.of(config), MatmulWeights.of(model), b, s, "fp32", trained=trained, fp32_residual=True
+    )
+    planned = 4 * n_all + 4 * n_trained + 8 * n_trained + activations
+    assert planned == pytest.approx(tracker.peak, rel=0.10), (planned, tracker.peak)
