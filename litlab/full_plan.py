@@ -30,7 +30,8 @@ and MLP width ``I``:
 keeps 2·a·I trained, a·I frozen; an adapter with dropout keeps its own dropped input and a bool mask, (a + 1)·d_in),
 plus ``4·V`` per token for the loss's log-softmax and, under autocast of fp32
 weights, their 2-byte copies. tests/test_full_plan.py checks both formulas against FlopCounterMode and the tensors
-saved for backward on a stand-in-sized model of the same class. Models that are not transformer stacks (UNets,
+saved for backward on stand-in-sized models of the same classes (the cards' own stand-ins among them), and the memory
+sum against the measured peak of a few AdamW steps (``LiveStoragePeak``). Models that are not transformer stacks (UNets,
 VAEs, ResNets) are counted on the meta device at the config's sizes: FlopCounterMode for the FLOPs and the
 tensors saved for backward for the activations, so nothing is computed or allocated.
 """
