@@ -35,12 +35,20 @@ def whole_lm(
 
 
 def corpus_names(d: Config, default: str) -> list[str]:
-    """The Hub corpora a ``HubCorpusDataModule`` streams (the domain's and the general one), else ``default``."""
-    names = [
-        f"{src['dataset']} ({role})"
-        for role, src in (("train", d.get("domain_source")), ("evaluation", d.get("general_source")))
-        if isinstance(src, dict) and src.get("dataset")
-    ]
+    """The Hub corpora a ``HubCorpusDataModule`` streams (the domain's and the general one; unset, the corpus
+    ``DOMAIN_SOURCES`` names for the domain), else ``default``."""
+    from litlab.datamodules.hub_corpus import DOMAIN_SOURCES
+
+    names = []
+    for role, key, source in (
+        ("train", "domain", d.get("domain_source")),
+        ("evaluation", "general_domain", d.get("general_source")),
+    ):
+        dataset = source.get("dataset") if isinstance(source, dict) else None
+        if dataset is None and d.get(key) in DOMAIN_SOURCES:
+            dataset = DOMAIN_SOURCES[d[key]].dataset
+        if dataset:
+            names.append(f"{dataset} ({role})")
     return names or [default]
 
 
