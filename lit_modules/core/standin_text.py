@@ -69,12 +69,10 @@ def write_t5_tokenizer(folder: Path) -> Path:
 
 def write_gpt2_tokenizer(folder: Path) -> Path:
     """A ``GPT2Tokenizer`` as gpt2's (byte-level BPE, ``<|endoftext|>`` as BOS/EOS/UNK) with the 256 byte tokens
-    and no merges: any text encodes, one token per byte; 257 tokens."""
-    from tokenizers import pre_tokenizers
+    (``core.tiny_hf.byte_vocab``) and no merges: any text encodes, one token per byte; 257 tokens."""
     from transformers import GPT2Tokenizer
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {ch: i for i, ch in enumerate(alphabet)}
-    vocab["<|endoftext|>"] = len(vocab)
-    GPT2Tokenizer(vocab=vocab, merges=[]).save_pretrained(folder)
+    from litlab.lit_modules.core.tiny_hf import byte_vocab
+
+    GPT2Tokenizer(vocab=byte_vocab("<|endoftext|>"), merges=[]).save_pretrained(folder)
     return folder

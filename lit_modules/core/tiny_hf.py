@@ -11,22 +11,38 @@ import torch
 import transformers
 
 
+def byte_vocab(*extra: str) -> dict[str, int]:
+    """GPT-2's byte-level alphabet (one printable character for each of the 256 UTF-8 byte values), sorted, as
+    ids 0-255, then the ``extra`` tokens as ordinary vocabulary entries: the vocabulary of a byte-level BPE with no
+    merges, which encodes any text one token per byte."""
+    from tokenizers import pre_tokenizers
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for token in extra:
+        vocab[token] = len(vocab)
+    return vocab
+
+
 def byte_level_tokenizer(
-    eos: str = "<|endoftext|>", pad: str | None = None, bos: str | None = None
+    eos: str = "<|endoftext|>",
+    pad: str | None = None,
+    bos: str | None = None,
+    *,
+    bos_first: bool = False,
+    model_max_length: int = 1 << 20,
 ) -> transformers.PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer with no merges (every UTF-8 byte one token, as GPT-2-style tokenizers fall back
-    to) and the given special tokens after the 256 bytes: OLMo-2, Qwen2 and SmolLM3 ship tokenizers of this kind."""
+    """A byte-level BPE tokenizer with no merges (``byte_vocab``: every UTF-8 byte one token, as GPT-2-style
+    tokenizers fall back to) and the given special tokens after the 256 bytes, in the order eos, pad, bos, or
+    bos first (``bos_first``, Llama 3's order): OLMo-2, Qwen2, SmolLM3 and Llama 3 ship tokenizers of this kind."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok = Tokenizer(models.BPE(vocab=byte_vocab(), merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    specials = [t for t in (eos, pad, bos) if t is not None]
-    tok.add_special_tokens(specials)
+    order = (bos, eos, pad) if bos_first else (eos, pad, bos)
+    tok.add_special_tokens([t for t in order if t is not None])
     return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=eos, pad_token=pad, bos_token=bos, model_max_length=1 << 20
+        tokenizer_object=tok, eos_token=eos, pad_token=pad, bos_token=bos, model_max_length=model_max_length
     )
 
 

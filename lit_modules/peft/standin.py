@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 
 from litlab.lit_modules.core.io import atomic_write_text
+from litlab.lit_modules.core.tiny_hf import byte_level_tokenizer, byte_vocab
 
 
 def fit_overrides(max_epochs: int, batch: int) -> list[str]:
@@ -43,26 +44,26 @@ def fit_overrides(max_epochs: int, batch: int) -> list[str]:
 
 
 def write_byte_level_tokenizer(folder: Path, style: str = "qwen2") -> transformers.PreTrainedTokenizerBase:
-    """A byte-level BPE tokenizer with no merges (every byte one token, so every digit one token, as Qwen's and
-    Llama 3's split digits) saved in ``folder``: ``style="qwen2"`` a ``Qwen2Tokenizer`` with Qwen3's eos
-    ``<|im_end|>`` and pad ``<|endoftext|>``; ``style="llama3"`` the fast tokenizer class with Llama 3's
-    ``<|begin_of_text|>`` and ``<|end_of_text|>``."""
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    """A byte-level BPE tokenizer with no merges (``core.tiny_hf.byte_vocab``: every byte one token, so every digit
+    one token, as Qwen's and Llama 3's split digits) saved in ``folder``: ``style="qwen2"`` a ``Qwen2Tokenizer``
+    (its own pre-tokenizer and normaliser) with Qwen3's eos ``<|im_end|>`` and pad ``<|endoftext|>``;
+    ``style="llama3"`` ``core.tiny_hf.byte_level_tokenizer`` with Llama 3's ``<|begin_of_text|>`` and
+    ``<|end_of_text|>``."""
     tok: transformers.PreTrainedTokenizerBase
     if style == "qwen2":
         tok = transformers.Qwen2Tokenizer(
-            vocab=vocab,
+            vocab=byte_vocab(),
             merges=[],
             unk_token="<|endoftext|>",
             eos_token="<|im_end|>",
             pad_token="<|endoftext|>",
         )
     elif style == "llama3":
-        backend = Tokenizer(models.BPE(vocab, []))
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        backend.decoder = decoders.ByteLevel()
-        tok = transformers.PreTrainedTokenizerFast(
-            tokenizer_object=backend, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>"
+        tok = byte_level_tokenizer(
+            eos="<|end_of_text|>",
+            bos="<|begin_of_text|>",
+            bos_first=True,
+            model_max_length=VERY_LARGE_INTEGER,
         )
     else:
         raise ValueError(f"style={style!r}: expected 'qwen2' or 'llama3'")
