@@ -10,6 +10,7 @@ import gzip
 import json
 import random
 import string
+from collections.abc import Callable
 from pathlib import Path
 
 SEED = 0
@@ -76,3 +77,25 @@ def write_gpt2_tokenizer(folder: Path) -> Path:
 
     GPT2Tokenizer(vocab=byte_vocab("<|endoftext|>"), merges=[]).save_pretrained(folder)
     return folder
+
+
+def c4_stand_in_data(
+    workdir: Path, write_tokenizer: Callable[[Path], Path], name: str
+) -> tuple[int, list[str]]:
+    """What the C4 pre-training stand-ins share: ``write_c4_layout`` in ``<workdir>/c4`` and a tokenizer written by
+    ``write_tokenizer`` in ``<workdir>/<name>``; returns the tokenizer's size (the model's vocabulary) and the
+    data module's arguments (that folder and tokenizer, 2 sequences of 64 tokens a batch, 2 validation batches, no
+    loader workers)."""
+    from transformers import AutoTokenizer
+
+    c4 = write_c4_layout(workdir / "c4")
+    tokenizer = write_tokenizer(workdir / name)
+    vocab = len(AutoTokenizer.from_pretrained(tokenizer))
+    return vocab, [
+        f"--data.init_args.local_dir={c4}",
+        f"--data.init_args.tokenizer={tokenizer}",
+        "--data.init_args.block_size=64",
+        "--data.init_args.batch_size=2",
+        "--data.init_args.val_batches=2",
+        "--data.init_args.num_workers=0",
+    ]

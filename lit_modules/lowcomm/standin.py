@@ -11,15 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from litlab.lit_modules.core.standin_text import write_c4_layout, write_gpt2_tokenizer
+from litlab.lit_modules.core.standin_text import c4_stand_in_data, write_gpt2_tokenizer
 
 
 def stand_in_lordo(workdir: Path) -> list[str]:
-    from transformers import AutoTokenizer
-
-    c4 = write_c4_layout(workdir / "c4")
-    tokenizer = write_gpt2_tokenizer(workdir / "gpt2")
-    vocab = len(AutoTokenizer.from_pretrained(tokenizer))
+    vocab, data_args = c4_stand_in_data(workdir, write_gpt2_tokenizer, "gpt2")
     return [
         "--trainer.accelerator=cpu",
         "--trainer.devices=2",
@@ -39,10 +35,5 @@ def stand_in_lordo(workdir: Path) -> list[str]:
         "--model.init_args.net.block_size=64",
         "--model.init_args.low_rank.rank=16",
         "--model.init_args.warmup_steps=1",
-        f"--data.init_args.local_dir={c4}",
-        f"--data.init_args.tokenizer={tokenizer}",
-        "--data.init_args.block_size=64",
-        "--data.init_args.batch_size=2",
-        "--data.init_args.val_batches=2",
-        "--data.init_args.num_workers=0",
+        *data_args,
     ]

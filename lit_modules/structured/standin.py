@@ -9,15 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from litlab.lit_modules.core.standin_text import write_c4_layout, write_t5_tokenizer
+from litlab.lit_modules.core.standin_text import c4_stand_in_data, write_t5_tokenizer
 
 
 def stand_in_salaad(workdir: Path) -> list[str]:
-    from transformers import AutoTokenizer
-
-    c4 = write_c4_layout(workdir / "c4")
-    tokenizer = write_t5_tokenizer(workdir / "t5-base")
-    vocab = len(AutoTokenizer.from_pretrained(tokenizer))
+    vocab, data_args = c4_stand_in_data(workdir, write_t5_tokenizer, "t5-base")
     return [
         "--trainer.accelerator=cpu",
         "--trainer.precision=32",
@@ -33,10 +29,5 @@ def stand_in_salaad(workdir: Path) -> list[str]:
         "--model.init_args.net.num_heads=2",
         "--model.init_args.net.max_positions=64",
         "--model.init_args.optim.warmup_steps=1",
-        f"--data.init_args.local_dir={c4}",
-        f"--data.init_args.tokenizer={tokenizer}",
-        "--data.init_args.block_size=64",
-        "--data.init_args.batch_size=2",
-        "--data.init_args.val_batches=2",
-        "--data.init_args.num_workers=0",
+        *data_args,
     ]
