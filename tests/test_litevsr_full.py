@@ -13,40 +13,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from litlab.lit_modules.diffusion.standin import TEXT_LEN, write_reds, write_tiny_wan
+from litlab.lit_modules.diffusion.standin import TEXT_LEN, litevsr_args, write_reds, write_tiny_wan
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def full_config_args(tmp_path: Path, wan: Path, root: Path) -> list[str]:
-    """``litlab fit --config configs/litevsr/full.yaml`` on the CPU with the tiny checkpoint and REDS folder: 5-frame
-    32×32 crops (latents 2 × 8 × 8, 32 tokens), 2 training steps, validation on 1 clip with K = 1, 2."""
+    """``litlab fit --config configs/litevsr/full.yaml`` on the CPU with the tiny checkpoint and REDS folder: the
+    stand-in's overrides (5-frame 32×32 crops, latents 2 × 8 × 8, 32 tokens; 2 training steps; validation on 1 clip
+    with K = 1, 2), a learning rate of 1e-3 and clip 000 kept out of training."""
     return [
         "fit",
         f"--config={ROOT / 'configs/litevsr/full.yaml'}",
         f"--runs_dir={tmp_path / 'runs'}",
         "--trainer.enable_progress_bar=false",
-        "--trainer.accelerator=cpu",
-        "--trainer.precision=32",
-        f"--model.init_args.pretrained_path={wan}",
-        "--model.init_args.adapter.width=16",
-        "--model.init_args.adapter.heads=2",
-        "--model.init_args.adapter.ffn_ratio=2.0",
-        "--model.init_args.adapter.n_struct=1",
-        "--model.init_args.adapter.n_refine=1",
-        "--model.init_args.adapter.n_fuse=1",
-        "--model.init_args.adapter.inject_layers=[0,1]",
-        "--model.init_args.adapter.freq_dim=16",
-        "--model.init_args.adapter.rope_max_seq_len=32",
-        "--model.init_args.val_steps=[1,2]",
+        *litevsr_args(wan, root),
         "--model.init_args.lr=1e-3",
-        f"--data.init_args.root={root}",
-        "--data.init_args.frames=5",
-        "--data.init_args.crop=[32,32]",
-        "--data.init_args.steps=2",
-        "--data.init_args.num_workers=0",
         '--data.init_args.exclude_clips=["000"]',
-        "--data.init_args.val_max_clips=1",
     ]
 
 

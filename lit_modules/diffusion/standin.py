@@ -268,8 +268,12 @@ def stand_in_litevsr(workdir: Path) -> list[str]:
     """The tiny Wan checkpoint and a REDS folder of three 6-frame 40×48 clips: 000 (of REDS4, the config's
     validation clips) and 001, 002 for training; 5-frame 32×32 crops (latents 2 × 8 × 8), 2 steps, an adapter of
     width 16 with hints after both blocks, validation at K = 1, 2 on one clip."""
-    wan = write_tiny_wan(workdir / "wan")
-    root = write_reds(workdir / "REDS")
+    return litevsr_args(write_tiny_wan(workdir / "wan"), write_reds(workdir / "REDS"))
+
+
+def litevsr_args(wan: Path, root: Path) -> list[str]:
+    """LiteVSR's stand-in overrides for the Wan checkpoint ``wan`` and the REDS folder ``root`` (also the full-scale
+    test's, ``tests/test_litevsr_full.py``)."""
     return [
         "--trainer.accelerator=cpu",
         "--trainer.precision=32",
