@@ -296,7 +296,6 @@ def test_smollm2_grid_through_the_kv_cache_equals_full_sequences():
     """The SmolLM2 grid expectation, scored through the prefix's KV cache, equals scoring every candidate's full
     sequence (1e-3 target units); heads read [REG]; SmolLM2 stays out of the state dict."""
     from litlab.datamodules.text_regression import LMTextRegressionDataModule
-    from litlab.lit_modules.peft.spr_raft import sequence_scores
 
     data = LMTextRegressionDataModule(grid_size=5)
     data.setup("fit")
@@ -307,15 +306,21 @@ def test_smollm2_grid_through_the_kv_cache_equals_full_sequences():
     assert not any(k.startswith("model.") for k in model.state_dict())
     ids = data.tensors["test"].tensors[0][:3]
     got = model.predict_all(ids)
+    torch.testing.assert_close(got["grid"], grid_from_full_sequences(model, ids), atol=1e-3, rtol=0)
+
+
+def grid_from_full_sequences(model: SPRRAFT, ids: torch.Tensor) -> torch.Tensor:
+    """The grid expectation of each prompt in ``ids`` with every candidate answer scored on its whole teacher-forced
+    sequence (prompt up to [REG], then the answer), no KV cache: what ``predict_all``'s cached scoring must equal."""
+    from litlab.lit_modules.peft.spr_raft import sequence_scores
+
     K, r, W = len(model.grid), model.reg_position, model.width
     prefix = ids[:, : model.reg_index + 1]
     seqs = torch.cat([prefix.repeat_interleave(K, 0), model.grid_answers.repeat(len(ids), 1)], dim=1)
     with torch.no_grad():
         _, logits = model(seqs)
     s = sequence_scores(logits[:, r : r + W + 1], seqs[:, model.reg_index + 1 : model.reg_index + 2 + W])
-    torch.testing.assert_close(
-        got["grid"], grid_expectation(s.view(len(ids), K), model.grid), atol=1e-3, rtol=0
-    )
+    return grid_expectation(s.view(len(ids), K), model.grid)
 
 
 def smol_fit(quiet_trainer, seed: int, steps: int = 20, **kw) -> dict[str, float]:

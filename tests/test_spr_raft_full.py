@@ -201,8 +201,9 @@ def test_the_smollm2_route_shares_the_hf_loop_without_padding(stand_in):
     """The SmolLM2 route (LMTextRegressionDataModule's fixed-width diabetes prompts, no mask, digit RAFT) runs through
     the same Hugging Face functions, here on the stand-in's tiny Qwen3: the grid scored through the KV cache equals
     every candidate's full teacher-forced sequence (1e-4), and the losses reach only P, e_REG and the head."""
+    from test_spr_raft import grid_from_full_sequences
+
     from litlab.datamodules.text_regression import LMTextRegressionDataModule
-    from litlab.lit_modules.peft.spr_raft import grid_expectation
 
     folder = _arg(stand_in[1], "model.init_args.backbone")
     dm = LMTextRegressionDataModule(tokenizer=folder, grid_size=5, batch_size=4)
@@ -212,14 +213,7 @@ def test_the_smollm2_route_shares_the_hf_loop_without_padding(stand_in):
     model.setup("fit")
     ids = dm.tensors["test"].tensors[0][:3]
     got = model.predict_all(ids)
-    K, r, W = len(model.grid), model.reg_position, model.width
-    prefix = ids[:, : model.reg_index + 1]
-    seqs = torch.cat([prefix.repeat_interleave(K, 0), model.grid_answers.repeat(len(ids), 1)], dim=1)
-    with torch.no_grad():
-        _, logits = model(seqs)
-    s = sequence_scores(logits[:, r : r + W + 1], seqs[:, model.reg_index + 1 : model.reg_index + 2 + W])
-    expected = grid_expectation(s.view(len(ids), K), model.grid)
-    torch.testing.assert_close(got["grid"], expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(got["grid"], grid_from_full_sequences(model, ids), atol=1e-4, rtol=0)
     batch = dict(zip(("ids", "y", "z"), dm.tensors["train"][:4]))
     losses = model.losses(batch)
     assert sorted(losses) == ["ce", "raft", "reg"] and all(torch.isfinite(v) for v in losses.values())
