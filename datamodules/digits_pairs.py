@@ -46,6 +46,16 @@ class EpochPermutation(Sampler[int]):
         yield from torch.randperm(self.n, generator=g).tolist()
 
 
+def epoch_shuffled_loader(ds: TensorDataset, batch_size: int, collate_fn) -> DataLoader:
+    """Training batches of ``ds``: each epoch a fresh ``EpochPermutation`` of the run's ``"batches"`` stream."""
+    return DataLoader(
+        ds,
+        batch_size=batch_size,
+        sampler=EpochPermutation(len(ds), derive_seed("batches")),
+        collate_fn=collate_fn,
+    )
+
+
 class DigitsPairDataModule(L.LightningDataModule):
     """Batches ``{"x": [b, 64], "y": [b]}``. Training batches are a fresh permutation per epoch (the run's
     ``"batches"`` stream); validation is the whole test split in one batch."""
@@ -73,8 +83,7 @@ class DigitsPairDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         ds = TensorDataset(self.x_train, self.y_train)
-        sampler = EpochPermutation(len(ds), derive_seed("batches"))
-        return DataLoader(ds, batch_size=self.hparams.batch_size, sampler=sampler, collate_fn=_collate)
+        return epoch_shuffled_loader(ds, self.hparams.batch_size, _collate)
 
     def val_dataloader(self) -> DataLoader:
         ds = TensorDataset(self.x_test, self.y_test)

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from litlab.datamodules.digits_pairs import EpochPermutation
+from litlab.datamodules.digits_pairs import epoch_shuffled_loader
 from litlab.datamodules.text_regression import serialize
 from litlab.lit_modules.core.errors import DataFileError, DatasetUnavailableError
 from litlab.lit_modules.core.seeding import derive_seed
@@ -293,13 +293,7 @@ class CSVTextRegressionDataModule(L.LightningDataModule):
         return np.zeros((len(texts), 0)), y
 
     def train_dataloader(self) -> DataLoader:
-        ds = self.tensors["train"]
-        return DataLoader(
-            ds,
-            batch_size=self.hparams.batch_size,
-            sampler=EpochPermutation(len(ds), derive_seed("batches")),
-            collate_fn=_collate,
-        )
+        return epoch_shuffled_loader(self.tensors["train"], self.hparams.batch_size, _collate)
 
     def val_dataloader(self) -> list[DataLoader]:
         return [

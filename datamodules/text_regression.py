@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from litlab.datamodules.digits_pairs import EpochPermutation
+from litlab.datamodules.digits_pairs import epoch_shuffled_loader
 from litlab.lit_modules.core.corpus import CharTokenizer
 from litlab.lit_modules.core.seeding import derive_seed
 
@@ -98,13 +98,7 @@ class _DiabetesText(L.LightningDataModule):
         return self.splits[name]
 
     def train_dataloader(self) -> DataLoader:
-        ds = self.tensors["train"]
-        return DataLoader(
-            ds,
-            batch_size=self.hparams.batch_size,
-            sampler=EpochPermutation(len(ds), derive_seed("batches")),
-            collate_fn=_collate,
-        )
+        return epoch_shuffled_loader(self.tensors["train"], self.hparams.batch_size, _collate)
 
     def val_dataloader(self) -> list[DataLoader]:
         return [DataLoader(self.tensors[k], batch_size=128, collate_fn=_collate) for k in self.eval_splits]
