@@ -44,6 +44,12 @@ def seeded_init(write: Writer) -> Writer:
 
 
 @seeded_init
+def write_model_index(folder: Path, pipeline: str, **parts: list[str]) -> None:
+    """``<folder>/model_index.json`` as a diffusers pipeline's ``save_pretrained`` writes it: the pipeline class,
+    then each part's folder name with its library and class (what ``from_pretrained`` reads)."""
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": pipeline, **parts}))
+
+
 def write_tiny_sd(folder: Path) -> Path:
     """A diffusers-layout Stable Diffusion checkpoint of about 250K parameters: UNet2DConditionModel with
     cross-attention (blocks 16, 32; 200,644), CLIPTextModel of width 16 (4,048), a CLIPTokenizer from a vocabulary
@@ -110,17 +116,14 @@ def write_tiny_sd(folder: Path) -> Path:
     DDPMScheduler(
         num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"
     ).save_pretrained(folder / "scheduler")
-    (folder / "model_index.json").write_text(
-        json.dumps(
-            {
-                "_class_name": "StableDiffusionPipeline",
-                "unet": ["diffusers", "UNet2DConditionModel"],
-                "text_encoder": ["transformers", "CLIPTextModel"],
-                "tokenizer": ["transformers", "CLIPTokenizer"],
-                "vae": ["diffusers", "AutoencoderKL"],
-                "scheduler": ["diffusers", "DDPMScheduler"],
-            }
-        )
+    write_model_index(
+        folder,
+        "StableDiffusionPipeline",
+        unet=["diffusers", "UNet2DConditionModel"],
+        text_encoder=["transformers", "CLIPTextModel"],
+        tokenizer=["transformers", "CLIPTokenizer"],
+        vae=["diffusers", "AutoencoderKL"],
+        scheduler=["diffusers", "DDPMScheduler"],
     )
     return folder
 
@@ -200,17 +203,14 @@ def write_tiny_wan(folder: Path) -> Path:
         scale_factor_spatial=4,
     ).save_pretrained(folder / "vae")
     FlowMatchEulerDiscreteScheduler(shift=3.0).save_pretrained(folder / "scheduler")
-    (folder / "model_index.json").write_text(
-        json.dumps(
-            {
-                "_class_name": "WanPipeline",
-                "transformer": ["diffusers", "WanTransformer3DModel"],
-                "vae": ["diffusers", "AutoencoderKLWan"],
-                "text_encoder": ["transformers", "UMT5EncoderModel"],
-                "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-                "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-            }
-        )
+    write_model_index(
+        folder,
+        "WanPipeline",
+        transformer=["diffusers", "WanTransformer3DModel"],
+        vae=["diffusers", "AutoencoderKLWan"],
+        text_encoder=["transformers", "UMT5EncoderModel"],
+        tokenizer=["transformers", "PreTrainedTokenizerFast"],
+        scheduler=["diffusers", "FlowMatchEulerDiscreteScheduler"],
     )
     return folder
 
