@@ -43,13 +43,13 @@ def seeded_init(write: Writer) -> Writer:
     return wrapper  # type: ignore[return-value]
 
 
-@seeded_init
 def write_model_index(folder: Path, pipeline: str, **parts: list[str]) -> None:
     """``<folder>/model_index.json`` as a diffusers pipeline's ``save_pretrained`` writes it: the pipeline class,
     then each part's folder name with its library and class (what ``from_pretrained`` reads)."""
     (folder / "model_index.json").write_text(json.dumps({"_class_name": pipeline, **parts}))
 
 
+@seeded_init
 def write_tiny_sd(folder: Path) -> Path:
     """A diffusers-layout Stable Diffusion checkpoint of about 250K parameters: UNet2DConditionModel with
     cross-attention (blocks 16, 32; 200,644), CLIPTextModel of width 16 (4,048), a CLIPTokenizer from a vocabulary
