@@ -262,6 +262,21 @@ def test_rewards_are_recomputed_with_the_current_predictor():
     assert not torch.allclose(model.reward(agent), before)
 
 
+def test_env_reward_source_feeds_the_true_reward_and_potential_the_learned_one():
+    """The card's ceiling (reward_source env) trains SAC on the stored env reward; the imitation runs never
+    see it."""
+    torch.manual_seed(0)
+    _, agent = _batches()
+    agent = {**agent, "rew": torch.randn(len(agent["obs"]))}
+    oracle = NGT(obs_dim=3, act_dim=1, reward_source="env")
+    imitation = NGT(obs_dim=3, act_dim=1).eval()  # eval: spectral norm's power iteration holds still
+    assert torch.equal(oracle.critic_reward(agent), agent["rew"])
+    assert torch.equal(imitation.critic_reward(agent), imitation.reward(agent))
+    assert not torch.allclose(imitation.critic_reward(agent), agent["rew"])
+    with pytest.raises(ValueError, match="reward_source='true'"):
+        NGT(reward_source="true")  # type: ignore[arg-type]
+
+
 # ---- effect (Pendulum, 20 expert transitions, the card's seeds) -----------------------------------
 @pytest.mark.slow
 def test_effect_ngt_expert_level_and_above_red_from_20_transitions(tmp_path):

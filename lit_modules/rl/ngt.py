@@ -116,6 +116,7 @@ class NGT(RLModule):
     def __init__(
         self,
         adv_scale: float = 1.0,
+        reward_source: Literal["potential", "env"] = "potential",
         reward_model: RewardModel = REWARD_MODEL,
         sac: SACSettings = SAC_SETTINGS,
         schedule: Schedule = SCHEDULE,
@@ -125,6 +126,8 @@ class NGT(RLModule):
         act_dim: int | None = None,
     ):
         """``adv_scale``: λ_adv, the weight of the agent term of the reward objective (0: RED);
+        ``reward_source``: ``potential`` (the imitation reward shaping(h)) or ``env`` (the ceiling: the same SAC
+        learner on the environment's true reward, an oracle the imitation methods never see);
         ``log_every``: env steps between training logs; ``steps_per_batch``: env steps (each with its updates)
         per ``training_step`` (``RLModule.training_step``; the numbers do not depend on it)."""
         super().__init__()
@@ -135,6 +138,8 @@ class NGT(RLModule):
         self.schedule = as_config(Schedule, schedule, "NGT.schedule")
         if adv_scale < 0:
             raise ValueError(f"adv_scale must be >= 0, got {adv_scale}")
+        if reward_source not in ("potential", "env"):
+            raise ValueError(f"reward_source={reward_source!r} is not one of potential, env")
         if self.sac.temperature not in TEMPERATURES:
             raise ValueError(
                 f"sac.temperature={self.sac.temperature!r} is not one of {', '.join(TEMPERATURES)}"
@@ -203,6 +208,10 @@ class NGT(RLModule):
         """r = shaping(h(x)) with the current predictor, for every sampled batch (never stored)."""
         return self.shaper(self.reward_net.potential(self.reward_input(batch)).squeeze(-1))
 
+    def critic_reward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The reward SAC's critic learns from: the potential's, or the env's stored one for the ceiling."""
+        return batch["rew"] if self.hparams.reward_source == "env" else self.reward(batch)
+
     def run_iteration(self, idx: int) -> None:
         """One env step, then (after the random warm-up) one predictor, critic, actor and temperature step, as
         the released code's ``orchestrator.train``."""
@@ -223,7 +232,7 @@ class NGT(RLModule):
         batch = dm.sample_online(
             sched.batch_size, self.device
         )  # fresh batch, rewarded by the updated predictor
-        reward = self.reward(batch)
+        reward = self.critic_reward(batch)
         alpha = sac_temperature(self.log_alpha, self.sac.temperature).detach()
         normed = {**batch, "obs": self.norm(batch["obs"]), "next_obs": self.norm(batch["next_obs"])}
         loss_q = critic_loss(
