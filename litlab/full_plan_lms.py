@@ -52,9 +52,12 @@ def corpus_names(d: Config, default: str) -> list[str]:
     return names or [default]
 
 
-def diffract(cfg: Config) -> Estimate:
+def domain_lm(cfg: Config, default_seq: int, corpus: str, note: str) -> Estimate:
+    """A whole LM fine-tuned on a domain's text (Diffract, lock-in): ``batch_size`` windows (default 8) of
+    ``block_size`` tokens (default ``default_seq``) for ``trainer.max_steps`` steps (default 1000); ``corpus`` names
+    the domain's data where the config names no source; ``note`` says what the estimate leaves out."""
     m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args") or {}
-    batch, seq = int(d.get("batch_size", 8)), int(d.get("block_size", 4096))
+    batch, seq = int(d.get("batch_size", 8)), int(d.get("block_size", default_seq))
     steps = int(get(cfg, "trainer.max_steps", 1000))
     est = whole_lm(
         cfg,
@@ -62,30 +65,27 @@ def diffract(cfg: Config) -> Estimate:
         batch,
         seq,
         steps,
-        corpus_names(d, f"{d.get('domain')} corpus"),
+        corpus_names(d, f"{d.get('domain')} {corpus}"),
         model_dtype=m.get("dtype"),
     )
-    est.notes.append("the spectral probes (SVDs of the weights every few thousand steps) not counted")
+    est.notes.append(note)
     return est
+
+
+def diffract(cfg: Config) -> Estimate:
+    return domain_lm(
+        cfg, 4096, "corpus", "the spectral probes (SVDs of the weights every few thousand steps) not counted"
+    )
 
 
 def lock_in(cfg: Config) -> Estimate:
-    m, d = get(cfg, "model.init_args"), get(cfg, "data.init_args") or {}
-    batch, seq = int(d.get("batch_size", 8)), int(d.get("block_size", d.get("max_length", 512)))
-    steps = int(get(cfg, "trainer.max_steps", 1000))
-    est = whole_lm(
+    d = get(cfg, "data.init_args") or {}
+    return domain_lm(
         cfg,
-        m["backbone"],
-        batch,
-        seq,
-        steps,
-        corpus_names(d, f"{d.get('domain')} data"),
-        model_dtype=m.get("dtype"),
+        int(d.get("max_length", 512)),
+        "data",
+        "the curvature probes (Lanczos) and the broad evaluation every eval_every steps not counted",
     )
-    est.notes.append(
-        "the curvature probes (Lanczos) and the broad evaluation every eval_every steps not counted"
-    )
-    return est
 
 
 def task_complexity(cfg: Config) -> Estimate:
