@@ -76,6 +76,26 @@ def standin_command(slug: str, runs: Path, on_cpu: bool = False) -> list[str]:
     return [*args, f"--runs_dir={runs}", f"--run_id={slug}"]
 
 
+def kernel_tests_command(*options: str) -> list[str]:
+    """pytest on the kernel tests (tests/test_kernels.py, tests/test_adapters_fused.py), the default suite's
+    selection (not slow), without the cache or the project's addopts, with ``options`` added."""
+    return [
+        PY,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "-m",
+        "not slow",
+        *options,
+        "tests/test_kernels.py",
+        "tests/test_adapters_fused.py",
+    ]
+
+
 def checks(out: Path, on_cpu: bool = False) -> dict[str, tuple[bool, list[str], int]]:
     """name -> (needs CUDA, command, timeout in seconds); ``on_cpu``: the CPU variants (tiny shapes, the kernels in
     Triton's interpreter) of the checks that have one, whose numbers mean nothing but exercise the same code."""
@@ -97,21 +117,7 @@ def checks(out: Path, on_cpu: bool = False) -> dict[str, tuple[bool, list[str], 
         ),
         "kernel_tests": (
             True,
-            [
-                PY,
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "-o",
-                "addopts=",
-                "-m",
-                "not slow",
-                "-rs",
-                "tests/test_kernels.py",
-                "tests/test_adapters_fused.py",
-            ],
+            kernel_tests_command("-rs"),  # -rs: the reasons of skipped tests in the log
             150,
         ),
         "fused_lora": (True, [PY, "-c", FUSED_LORA], 40),
@@ -188,20 +194,7 @@ def cpu_checks(out: Path) -> dict[str, tuple[bool, list[str], int]]:
     table = {
         "kernel_tests": (
             False,
-            [
-                PY,
-                "-m",
-                "pytest",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "-o",
-                "addopts=",
-                "-m",
-                "not slow",
-                "tests/test_kernels.py",
-                "tests/test_adapters_fused.py",
-            ],
+            kernel_tests_command(),
             300,
         ),
         "xkv_decode": (
