@@ -175,6 +175,27 @@ def _tiny(folder: Path, config_class: type, eos: str, pad: str | None, **sizes) 
     return write_tiny_causal_lm(folder, config, tok, SEED)
 
 
+def tiny_lm_args(model: Path, hub: Path, block_size: int, *model_options: str) -> list[str]:
+    """The overrides the cards' stand-ins share: the tiny model in fp32 (then ``model_options``) and its tokenizer,
+    the local Hub folder, batches of 2 windows of ``block_size`` tokens, 4 evaluation windows from 4 held-out
+    records, a shuffle buffer of 8, 3 steps on the CPU."""
+    return [
+        f"--model.init_args.backbone={model}",
+        "--model.init_args.dtype=float32",
+        *model_options,
+        f"--data.init_args.tokenizer={model}",
+        f"--data.init_args.data_root={hub}",
+        f"--data.init_args.block_size={block_size}",
+        "--data.init_args.batch_size=2",
+        "--data.init_args.val_windows=4",
+        "--data.init_args.eval_records=4",
+        "--data.init_args.shuffle_buffer=8",
+        "--trainer.max_steps=3",
+        "--trainer.log_every_n_steps=1",
+        *CPU_FP32,
+    ]
+
+
 # ---- the cards ----------------------------------------------------------------------------------------------------
 def stand_in_diffract(workdir: Path) -> list[str]:
     """A tiny ``Olmo2ForCausalLM`` (d 32, 2 layers, 4 heads) and the four CPT corpora; 3 steps of 2 windows of 32
@@ -210,20 +231,7 @@ def stand_in_diffract(workdir: Path) -> list[str]:
         {"data/train-00000-of-00006.parquet": _tulu(16)},
         split_config("default", {"train": "data/train-*"}),
     )
-    return [
-        f"--model.init_args.backbone={model}",
-        "--model.init_args.dtype=float32",
-        f"--data.init_args.tokenizer={model}",
-        f"--data.init_args.data_root={hub}",
-        "--data.init_args.block_size=32",
-        "--data.init_args.batch_size=2",
-        "--data.init_args.val_windows=4",
-        "--data.init_args.eval_records=4",
-        "--data.init_args.shuffle_buffer=8",
-        "--trainer.max_steps=3",
-        "--trainer.log_every_n_steps=1",
-        *CPU_FP32,
-    ]
+    return tiny_lm_args(model, hub, 32)
 
 
 def stand_in_lock_in(workdir: Path) -> list[str]:
@@ -242,25 +250,16 @@ def stand_in_lock_in(workdir: Path) -> list[str]:
     hub = workdir / "hub"
     write_fineweb_edu(hub)
     write_gsm8k(hub, gen)
-    return [
-        f"--model.init_args.backbone={model}",
-        "--model.init_args.dtype=float32",
+    return tiny_lm_args(
+        model,
+        hub,
+        192,
         r"--model.init_args.curvature_params=^model\.layers\.1\.mlp\.",
         "--model.init_args.curvature.k=4",
         "--model.init_args.curvature.lanczos_iters=8",
         "--model.init_args.curvature.n_cal_windows=4",
         "--model.init_args.eval_every=1",
-        f"--data.init_args.tokenizer={model}",
-        f"--data.init_args.data_root={hub}",
-        "--data.init_args.block_size=192",
-        "--data.init_args.batch_size=2",
-        "--data.init_args.val_windows=4",
-        "--data.init_args.eval_records=4",
-        "--data.init_args.shuffle_buffer=8",
-        "--trainer.max_steps=3",
-        "--trainer.log_every_n_steps=1",
-        *CPU_FP32,
-    ]
+    )
 
 
 def stand_in_task_complexity(workdir: Path) -> list[str]:
