@@ -70,11 +70,21 @@ def wan_transformer(**kwargs) -> nn.Module:
 
 
 def wan_1_3b_config() -> dict[str, Any]:
-    """Wan2.1-T2V-1.3B's transformer config (its ``transformer/config.json``), as the full-scale plan's
-    ``litlab.model_shapes`` records it."""
-    from litlab.model_shapes import MODEL_SHAPES
-
-    return dict(MODEL_SHAPES["Wan-AI/Wan2.1-T2V-1.3B-Diffusers:transformer"].arch)
+    """Wan2.1-T2V-1.3B's transformer config (its ``transformer/config.json``)."""
+    return dict(
+        patch_size=(1, 2, 2),
+        num_attention_heads=12,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=8960,
+        num_layers=30,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        eps=1e-6,
+    )
 
 
 class TinyDiT(nn.Module):
