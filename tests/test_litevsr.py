@@ -19,12 +19,13 @@ import yaml
 
 from litlab.callbacks.frozen_guard import FrozenParamGuard
 from litlab.callbacks.trainable_fraction import TrainableFractionLogger
-from litlab.lit_modules.diffusion.dit import TinyDiT, TinyDiTConfig, wan_1_3b_config, wan_transformer
+from litlab.lit_modules.diffusion.dit import TinyDiT, TinyDiTConfig, wan_transformer
 from litlab.lit_modules.diffusion.flow_matching import FlowMatchingObjective
 from litlab.lit_modules.diffusion.hints import BlockHintInjector
 from litlab.lit_modules.diffusion.litevsr import AdapterHints, LiteVSR
 from litlab.lit_modules.diffusion.state_aware_adapter import AdapterConfig, StateAwareAdapter
 from litlab.lit_modules.diffusion.vsr import TemporalDifferenceError, run_backbone
+from litlab.model_shapes import MODEL_SHAPES
 
 ROOT = Path(__file__).resolve().parents[1]
 # small enough for milliseconds per forward: F = 2 frames of 16×16, patch (1, 4, 4) -> 32 tokens
@@ -353,7 +354,8 @@ def test_time_modulation_is_live(short_fit):
 
 def test_full_scale_trainable_fraction_on_meta():
     with torch.device("meta"):
-        wan = wan_transformer(**wan_1_3b_config())
+        # Wan2.1-T2V-1.3B's transformer config, as the full-scale plan records it
+        wan = wan_transformer(**MODEL_SHAPES["Wan-AI/Wan2.1-T2V-1.3B-Diffusers:transformer"].arch)
         cfg = AdapterConfig(
             width=1536,
             heads=12,

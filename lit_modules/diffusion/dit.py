@@ -13,8 +13,6 @@
 * ``WanLatentBackbone``: the full-scale backbone of the same loop: the frozen transformer on AutoencoderKLWan
   latents (encode / decode with the VAE config's ``latents_mean`` / ``latents_std``, as diffusers' Wan pipelines)
   and the empty-prompt umT5 embedding, computed once when it is built; the text encoder is not kept.
-* ``wan_1_3b_config()``: the 1.3B transformer's config (30 blocks, width 1536, 12 heads × 128, FFN 8960); built
-  on the meta device it has 1,418,996,800 parameters, the reference of the full-scale trainable fraction.
 """
 
 from __future__ import annotations
@@ -67,24 +65,6 @@ class TinyDiTConfig:
 def wan_transformer(**kwargs) -> nn.Module:
     (WanTransformer3DModel,) = diffusers_classes("WanTransformer3DModel")
     return WanTransformer3DModel(**kwargs)
-
-
-def wan_1_3b_config() -> dict[str, Any]:
-    """Wan2.1-T2V-1.3B's transformer config (its ``transformer/config.json``)."""
-    return dict(
-        patch_size=(1, 2, 2),
-        num_attention_heads=12,
-        attention_head_dim=128,
-        in_channels=16,
-        out_channels=16,
-        text_dim=4096,
-        freq_dim=256,
-        ffn_dim=8960,
-        num_layers=30,
-        cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads",
-        eps=1e-6,
-    )
 
 
 class TinyDiT(nn.Module):
