@@ -339,7 +339,7 @@ class LoKRALanguageModel(FitStartRankProbe, _LoKRABase):
     local text corpus, cached); any other value is a Hugging Face model id or local folder (full scale), loaded
     by ``litlab.lit_modules.core.hf.load_causal_lm``, which fails at once offline with what to download.
     Batches are ``{"input_ids", "labels"[, "attention_mask"]}`` with labels already next-token aligned.
-    Validation logs ``val/loss`` and, on a Hugging Face backbone with ``eval_max_new_tokens`` > 0, the protocol's
+    Validation logs ``val/loss`` and, on a Hugging Face backbone with ``eval_max_new_tokens`` > 0 and prompt/response records, the protocol's
     ``val/commonsense_acc``: the label of a greedy response of at most that many tokens against the record's
     (``commonsense_eval``; the DataModule's ``tokenizer`` decodes, ``datamodules.commonsense``).
     """
@@ -387,8 +387,11 @@ class LoKRALanguageModel(FitStartRankProbe, _LoKRABase):
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self.log("val/loss", self.task_loss(batch), prog_bar=True)
-        if self.hparams.backbone != "tiny_gpt" and self.hparams.eval_max_new_tokens > 0:
-            dm = self.trainer.datamodule
+        dm = self.trainer.datamodule
+        # the protocol's accuracy needs prompt/response records (datamodules.commonsense; it has pad_token_id): plain
+        # text windows (LocalTextDataModule) have no answer to score
+        responses = getattr(dm, "pad_token_id", None) is not None
+        if self.hparams.backbone != "tiny_gpt" and self.hparams.eval_max_new_tokens > 0 and responses:
             correct = generated_answers_correct(
                 self.model, dm.tokenizer, batch, self.hparams.eval_max_new_tokens, dm.pad_token_id
             )
