@@ -9,6 +9,7 @@
 # Needs only a python3 with torch, triton, transformers, diffusers, lightning and pytest: the checkout is imported
 # in place (no install), so it also runs on a machine without package-index access.
 #   .ci/gpu_checks.sh [out folder, default runs/gpu] [gpu_checks.py options, e.g. --checks env,standin]
+# The python: $PYTHON, else the checkout's .venv/bin/python where it exists, else python3.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -27,4 +28,5 @@ if command -v nvidia-smi > /dev/null; then
 else
   echo "nvidia-smi not found: no NVIDIA GPU here; the checks that need CUDA are skipped" | tee "$OUT_DIR/env.txt"
 fi
-timeout 600 python3 .ci/gpu_checks.py --out "$OUT_DIR" "$@"
+PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo "$ROOT/.venv/bin/python" || echo python3)}
+timeout 600 "$PYTHON" .ci/gpu_checks.py --out "$OUT_DIR" "$@"
