@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from litlab.cards import Card
-from litlab.claims import ClaimResult, recorded_values
+from litlab.claims import ClaimResult, recorded_values, seed_std
 from litlab.lit_modules.core.io import atomic_path
 from litlab.lit_modules.core.results import CardResult
 
@@ -111,7 +111,7 @@ def render_markdown(card: Card, res: CardResult, command: str) -> str:
             rec_text = ", ".join(fmt(v) for v in rec.values()) or "—"
             lines.append(
                 f"| {name} | {card.runs[name].role} | {metric} | {fmt(statistics.fmean(xs))} ± "
-                f"{fmt(statistics.stdev(xs) if len(xs) > 1 else 0.0)} | {', '.join(fmt(v) for v in xs)} | {rec_text} |"
+                f"{fmt(seed_std(xs))} | {', '.join(fmt(v) for v in xs)} | {rec_text} |"
             )
     lines.append("")
     if res.extras.numbers:
@@ -137,7 +137,7 @@ def print_table(card: Card, res: CardResult) -> None:
         runs.add_column(col)
     for name, r in res.runs.items():
         for metric, xs in r.metrics.items():
-            std = statistics.stdev(xs) if len(xs) > 1 else 0.0
+            std = seed_std(xs)
             runs.add_row(
                 name,
                 card.runs[name].role,

@@ -173,6 +173,9 @@ class Claim:
     # better / parity: the compared sides may read different scalars of one kind (say two orderings' AUCs that
     # one analysis fit logs side by side); without it every side must read the same metric
     same_units: bool = False
+    # better / parity: a non-finite value is censored (a target not reached at any length tried), never a number;
+    # where a seed of either side is censored, the sides are compared by the fraction of seeds that reach it
+    censored: bool = False
 
     @property
     def comparative(self) -> bool:
@@ -304,6 +307,7 @@ def claims_sha256(card: Card) -> str:
                 "scales": list(c.scales),
                 "requires": c.requires,
                 "same_units": c.same_units,
+                **({"censored": True} if c.censored else {}),  # absent when off: older hashes unchanged
             }
             for c in card.claims
         ],
@@ -450,7 +454,7 @@ def _parse_claim(where: str, i: int, raw: Any, runs: dict[str, RunSpec], card_me
     kind = raw["kind"]
     if kind not in CLAIM_KINDS:
         raise CardError(f"{at}: kind must be one of {CLAIM_KINDS}, got {kind!r}")
-    for flag in ("headline", "control", "same_units"):
+    for flag in ("headline", "control", "same_units", "censored"):
         if not isinstance(raw.get(flag, False), bool):
             raise CardError(f"{at}: {flag} must be true or false, got {raw[flag]!r}")
     scales = tuple(raw.get("scales", DEFAULT_SCALES))
@@ -487,6 +491,7 @@ def _parse_claim(where: str, i: int, raw: Any, runs: dict[str, RunSpec], card_me
         requires=str(raw.get("requires", "")),
         note=str(raw.get("note", "")),
         same_units=raw.get("same_units", False),
+        censored=raw.get("censored", False),
     )
     if kind == "mechanism":
         if not claim.value or claim.op not in MECHANISM_OPS or "target" not in raw:
@@ -501,9 +506,9 @@ def _parse_claim(where: str, i: int, raw: Any, runs: dict[str, RunSpec], card_me
                 f"{at}: a mechanism claim needs 'fails_if': the plausible wrong implementation that fails it "
                 "(a property that holds by construction is a test in tests/, not a card claim)"
             )
-        if claim.headline or claim.control:
+        if claim.headline or claim.control or claim.censored:
             raise CardError(
-                f"{at}: headline and control claims are comparisons (better / parity), not mechanism"
+                f"{at}: headline, control and censored claims are comparisons (better / parity), not mechanism"
             )
         ref = claim.value_ref
         if ref is not None:

@@ -11,6 +11,12 @@ Three kinds of claim (``litlab.cards`` parses them):
   where the value measures the paper's mechanism and a plausible wrong implementation (``fails_if``) fails it.
   Properties that hold by construction are tests in ``tests/``, not claims.
 
+A comparative claim with ``censored: true`` reads a metric whose non-finite values mean "not reached" (say the
+length of the shortest program that reaches a target, none of those tried did): such a value is never averaged.
+Where every seed of both sides reached, the values are compared as above; otherwise the comparison is between the
+fractions of seeds that reach (``Comparison.reach``: the interval is over the per-seed reach indicators, margin 0,
+in fractions, so it has no minimal detectable effect in the metric's units).
+
 Statistics are fixed by the card's design, not per claim: with ``pairing: seed`` (the runs of one card seed
 share data, base model and initialisation) every interval is the paired t interval over the per-seed
 differences; otherwise Welch's.
@@ -74,6 +80,8 @@ class Comparison:
     paired: bool = False  # the interval is over per-seed differences (n = the seeds both sides have)
     n_pairs: int = 0
     parity: bool = False  # a parity comparison: the margin is the equivalence bound, not an effect to clear
+    # a censored claim with a seed not reached: means, diff and interval are fractions of seeds that reach
+    reach: bool = False
 
     @property
     def half_width(self) -> float:
@@ -117,7 +125,8 @@ class ClaimResult:
 
     @property
     def mde(self) -> float | None:
-        return max((c.mde for c in self.comparisons), default=None)
+        """The largest comparison's MDE in the metric's units (None where every comparison is of reach fractions)."""
+        return max((c.mde for c in self.comparisons if not c.reach), default=None)
 
     @property
     def n(self) -> int | None:
@@ -134,7 +143,9 @@ class ClaimResult:
         if mde > self.paper_effect:
             return f"minimal detectable effect {mde:.4g} > paper effect {self.paper_effect:.4g}"
         wide = [
-            c for c in self.comparisons if c.ci_high - c.ci_low > self.paper_effect and c.n < MIN_SEEDS_WIDE
+            c
+            for c in self.comparisons
+            if not c.reach and c.ci_high - c.ci_low > self.paper_effect and c.n < MIN_SEEDS_WIDE
         ]
         if wide:
             return (
@@ -148,6 +159,14 @@ class ClaimResult:
         out["comparisons"] = [{**asdict(c), "mde": c.mde} for c in self.comparisons]
         out["mde"], out["sensitivity"] = self.mde, self.sensitivity
         return out
+
+
+def seed_std(xs: Iterable[float]) -> float:
+    """The standard deviation over seeds: 0 for one seed, NaN where a value is non-finite (a censored seed)."""
+    xs = list(xs)
+    if len(xs) < 2:
+        return 0.0
+    return statistics.stdev(xs) if all(math.isfinite(x) for x in xs) else math.nan
 
 
 def welch_interval(method: list[float], against: list[float], sign: float, level: float = 0.95):
@@ -180,12 +199,52 @@ def paired_interval(differences: list[float], level: float = 0.95):
     return diff, diff - half, diff + half
 
 
+def _reach_comparison(
+    card: Card, method: Mapping[int, float], against_ref: Ref, against: Mapping[int, float]
+) -> Comparison:
+    """A censored claim's comparison: the fraction of seeds whose value is finite (reached), method minus against."""
+    reached = {s: float(math.isfinite(v)) for s, v in method.items()}
+    other = {s: float(math.isfinite(v)) for s, v in against.items()}
+    xs, ys = list(reached.values()), list(other.values())
+    common = [s for s in reached if s in other]
+    paired = card.pairing == "seed"
+    if paired:
+        diff, low, high = paired_interval([reached[s] - other[s] for s in common])
+    else:
+        diff, low, high = welch_interval(xs, ys, 1.0)
+    return Comparison(
+        against=str(against_ref),
+        method_mean=statistics.fmean(xs),
+        method_std=statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        against_mean=statistics.fmean(ys),
+        against_std=statistics.stdev(ys) if len(ys) > 1 else 0.0,
+        n_method=len(xs),
+        n_against=len(ys),
+        diff=diff,
+        ci_low=low,
+        ci_high=high,
+        margin=0.0,
+        paired=paired,
+        n_pairs=len(common),
+        reach=True,
+    )
+
+
 def compare(
     card: Card, claim: Claim, method: Mapping[int, float], against_ref: Ref, against: Mapping[int, float]
 ) -> Comparison:
     assert claim.method is not None
     sign = 1.0 if card.mode(claim.method.metric) == "max" else -1.0
     xs, ys = list(method.values()), list(against.values())
+    if not all(math.isfinite(v) for v in (*xs, *ys)):
+        if not claim.censored:
+            raise CardError(
+                f"claim {claim.id!r}: {claim.method} or {against_ref} has a non-finite value ({xs} vs {ys}); a "
+                "metric that is infinite when a target is not reached needs 'censored: true'"
+            )
+        if claim.kind == "parity":
+            raise CardError(f"claim {claim.id!r}: a censored parity claim has a seed not reached")
+        return _reach_comparison(card, method, against_ref, against)
     paired = card.pairing == "seed"
     common = [s for s in method if s in against]
     if paired:
@@ -288,7 +347,9 @@ def evaluate_claim(
     if not ok:
         weak = [c for c in comps if not _comparison_holds(claim.kind, c)]
         base.reason = "; ".join(
-            f"vs {c.against}: d = {c.diff:.4g}, 95% CI [{c.ci_low:.4g}, {c.ci_high:.4g}] does not clear "
+            f"vs {c.against}: "
+            + (f"reached on {c.method_mean:.0%} vs {c.against_mean:.0%} of seeds, " if c.reach else "")
+            + f"d = {c.diff:.4g}, 95% CI [{c.ci_low:.4g}, {c.ci_high:.4g}] does not clear "
             f"{'margin' if claim.kind == 'better' else '-margin'} {c.margin if claim.kind == 'better' else -c.margin:.4g}"
             for c in weak
         )
@@ -389,7 +450,10 @@ def card_status(results: Iterable[ClaimResult]) -> tuple[str, str]:
     if blind:
         return "inconclusive", "; ".join(f"{r.id} ({r.verdict}): {r.sensitivity}" for r in blind)
     return "reproduced", "every headline claim passes; controls pass; " + "; ".join(
-        f"{r.id}: MDE {r.mde:.4g} <= paper effect {r.paper_effect:.4g}" for r in headlines
+        f"{r.id}: MDE {r.mde:.4g} <= paper effect {r.paper_effect:.4g}"
+        if r.mde is not None
+        else f"{r.id}: reached on more seeds (censored)"
+        for r in headlines
     )
 
 
@@ -482,7 +546,7 @@ def drift(card: Card, scale: str, measured: Values) -> list[Drift]:
                 Drift(
                     run=name,
                     compared=len(pairs),
-                    max_abs=max(abs(a - b) for a, b in pairs),
+                    max_abs=max(0.0 if a == b else abs(a - b) for a, b in pairs),  # inf == inf: 0
                     beyond=sum(not math.isclose(a, b, abs_tol=atol, rel_tol=rtol) for a, b in pairs),
                 )
             )

@@ -46,6 +46,7 @@ from litlab.claims import (
     recorded_values,
     refutations,
     regressions,
+    seed_std,
 )
 from litlab.full_plan import full_scale_table, print_run_plan
 from litlab.lit_modules.core.errors import (
@@ -372,7 +373,7 @@ def reproduce(
             seeds=seeds,
             values=xs,
             mean=statistics.fmean(xs),
-            std=statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            std=seed_std(xs),
             runs=values,
             metrics=read_metrics(card, name, values),
         )
@@ -520,11 +521,13 @@ def claim_entry(c: ClaimResult) -> dict[str, Any]:
                 "ci95": [round(x.ci_low, 6), round(x.ci_high, 6)],
                 "margin": round(x.margin, 6),
                 **({"paired": True} if x.paired else {}),
+                **({"reach": True} if x.reach else {}),  # fractions of seeds that reach (censored)
             }
             for x in c.comparisons
         }
     if c.headline and c.comparisons:
-        entry["mde"] = round(c.mde or 0.0, 6)
+        if c.mde is not None:  # None: judged on reach fractions only (censored)
+            entry["mde"] = round(c.mde, 6)
         entry["paper_effect"] = round(c.paper_effect or 0.0, 6)
         if c.sensitivity:
             entry["sensitivity"] = c.sensitivity
@@ -544,7 +547,7 @@ def _result_entry(seeds: list[int], metrics: dict[str, list[float]]) -> dict[str
             m: {
                 "values": [round(v, 6) for v in xs],
                 "mean": round(statistics.fmean(xs), 6),
-                "std": round(statistics.stdev(xs), 6) if len(xs) > 1 else 0.0,
+                "std": round(seed_std(xs), 6),
             }
             for m, xs in metrics.items()
         },

@@ -13,7 +13,7 @@ from html import escape
 
 from litlab.card_report import claim_rows, fmt
 from litlab.cards import Card
-from litlab.claims import ClaimResult
+from litlab.claims import ClaimResult, seed_std
 from litlab.site_data import CardPage
 from litlab.verdicts import wall_time
 
@@ -215,7 +215,7 @@ def runs_table(p: CardPage, card: Card) -> str:
         recorded = p.values.get(name) or {}
         numbers = "<br>".join(
             f"{escape(m)}: {fmt(statistics.fmean(xs.values()))}"
-            + (f" ± {fmt(statistics.stdev(xs.values()))}" if len(xs) > 1 else "")
+            + (f" ± {fmt(seed_std(xs.values()))}" if len(xs) > 1 else "")
             + f" <small>({', '.join(fmt(x) for x in xs.values())})</small>"
             for m, xs in recorded.items()
             if xs

@@ -2,6 +2,7 @@
 check, status, recording, and card validation."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from litlab.claims import (
     ClaimResult,
     Comparison,
     card_status,
+    evaluate_claim,
     load_checked_card,
     paired_interval,
     refutations,
@@ -549,6 +551,53 @@ def test_same_units_lets_a_claim_compare_two_scalars_of_one_fit(tmp_path):
     claim = next(c for c in card.claims if c.id == "plus_beats_lora")
     assert claim.same_units and claim.against == (Ref("lora", "val/delta_rank"),)
     assert card.metrics_of("lora") == ["val/rel_err", "val/delta_rank"]
+
+
+def test_a_censored_claim_compares_the_fraction_of_seeds_that_reach(tmp_path):
+    """``censored: true``: a non-finite value (a target not reached) is never averaged; with one on either side the
+    claim compares the fractions of seeds that reach (paired indicators, margin 0); finite everywhere, the values."""
+    text = TINY_CARD.replace("margin: 0.1\n", "margin: 0.1\n    censored: true\n", 1)
+    card = load_card(write_card(tmp_path, text))
+    claim = next(c for c in card.claims if c.id == "plus_beats_lora")
+    assert (
+        claim.censored and card.claims_sha256() != load_card(write_card(tmp_path, TINY_CARD)).claims_sha256()
+    )
+    inf = math.inf
+
+    def judged(plus, lora):
+        values = {
+            "plus": {"val/rel_err": dict(enumerate(plus))},
+            "lora": {"val/rel_err": dict(enumerate(lora))},
+        }
+        return evaluate_claim(card, claim, values, {})
+
+    every = judged([0.1, 0.2, 0.1], [0.9, 0.8, 0.9])  # all finite: the usual paired interval, margin 0.1
+    assert (
+        every.holds
+        and not every.comparisons[0].reach
+        and every.mde == pytest.approx(every.comparisons[0].mde)
+    )
+    never = judged([0.1, 0.2, 0.1], [inf, inf, inf])  # the method reaches on every seed, LoRA on none
+    c = never.comparisons[0]
+    assert (
+        never.holds and c.reach and (c.method_mean, c.against_mean, c.diff, c.ci_low) == (1.0, 0.0, 1.0, 1.0)
+    )
+    assert never.mde is None and never.sensitivity == "" and c.margin == 0.0
+    mixed = judged([0.1, inf, 0.1], [inf, 0.01, 0.01])  # 2 of 3 each: no difference in reach, not a number
+    assert (
+        not mixed.holds
+        and mixed.comparisons[0].diff == 0.0
+        and "reached on 67% vs 67% of seeds" in mixed.reason
+    )
+    plain = load_card(write_card(tmp_path, TINY_CARD))
+    with pytest.raises(CardError, match="censored: true"):
+        evaluate_claim(
+            plain, plain.claims[0], {"plus": {"val/rel_err": {0: inf}}, "lora": {"val/rel_err": {0: 1}}}, {}
+        )
+    with pytest.raises(CardError, match="censored must be true or false"):
+        load_card(
+            write_card(tmp_path, TINY_CARD.replace("margin: 0.1\n", "margin: 0.1\n    censored: 1\n", 1))
+        )
 
 
 def test_override_args_format():
