@@ -110,3 +110,23 @@ def test_corpus_does_not_depend_on_importing_diffusers():
     diffusers_classes("DDPMScheduler", "UNet2DConditionModel")
     _CORPUS_CACHE.clear()
     assert local_text_corpus(200_000) == before
+
+
+def test_corpus_does_not_depend_on_what_this_process_bound_on_logging_logger(monkeypatch):
+    # A worker that imported diffusers directly (litlab.model_shapes does, for the full-scale plan) after the corpus
+    # was cached rebuilt a different corpus: the cards' training text depended on import order.
+    import logging
+
+    _CORPUS_CACHE.clear()
+    recorded = local_text_corpus(200_000)
+
+    def warning_advice(self, *args, **kwargs):
+        """Another library's docstring, which must not enter the corpus."""
+
+    monkeypatch.setattr(logging.Logger, "warning_advice", warning_advice)
+    monkeypatch.delattr(logging.Logger, "info_once")
+    _CORPUS_CACHE.clear()
+    assert local_text_corpus(200_000) == recorded
+    assert vars(logging.Logger)["warning_advice"] is warning_advice and "info_once" not in vars(
+        logging.Logger
+    )

@@ -80,6 +80,13 @@ def normalise(doc: str) -> str:
 
 
 def module_docstrings(module: types.ModuleType) -> list[str]:
+    """The module's docstring, then those of its own classes (with their methods and properties) and functions,
+    in name order; ``logging.Logger`` is read as the cards were recorded (``recorded_logger_members``)."""
+    with recorded_logger_members():
+        return _own_docstrings(module)
+
+
+def _own_docstrings(module: types.ModuleType) -> list[str]:
     docs = [module.__doc__]
     for name in sorted(vars(module)):
         obj = vars(module)[name]
@@ -117,6 +124,27 @@ def stdlib_members_kept():
         for name, member in logger_members.items():
             if vars(logging.Logger).get(name) is not member:
                 setattr(logging.Logger, name, member)
+
+
+# The members transformers binds on ``logging.Logger`` when it is imported (transformers.utils.logging).
+TRANSFORMERS_LOGGER_MEMBERS = ("warning_advice", "warning_once", "info_once")
+
+
+@contextlib.contextmanager
+def recorded_logger_members():
+    """``logging.Logger`` as the cards' corpus was recorded: the stdlib class plus transformers' three bindings.
+
+    ``module_docstrings`` reads ``logging.Logger``'s members, and what they are depends on which libraries this
+    process imported, and in which order (diffusers re-binds ``warning_advice``; a process that never imported
+    transformers has none of the three). Reading docstrings under this block makes the text independent of that
+    history; the class is left as it was found.
+    """
+    from transformers.utils import logging as transformers_logging
+
+    with stdlib_members_kept():
+        for name in TRANSFORMERS_LOGGER_MEMBERS:
+            setattr(logging.Logger, name, getattr(transformers_logging, name))
+        yield
 
 
 def local_text_corpus(min_chars: int = 200_000) -> str:
