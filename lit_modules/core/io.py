@@ -18,8 +18,11 @@ from typing import Any
 
 
 def cache_dir() -> Path:
-    """Where locally built models and data sets are cached: ``$LITLAB_CACHE``, else ``runs/cache``."""
-    return Path(os.environ.get("LITLAB_CACHE", "runs/cache"))
+    """Where locally built models and data sets are cached: ``$LITLAB_CACHE``, else ``runs/cache``.
+
+    An empty ``LITLAB_CACHE`` (``export LITLAB_CACHE=`` to "unset" it) means the default, not the working directory,
+    where cache files would land among the user's own."""
+    return Path(os.environ.get("LITLAB_CACHE") or "runs/cache")
 
 
 @contextmanager
