@@ -14,7 +14,8 @@ Where the files go: ``litlab fit --stand-in`` writes them to ``<runs_dir>/<exper
 runs of that experiment share them. Not inside the run folder: its name hashes the resolved config, which holds the
 stand-in's paths, so the paths must be known before the run folder is; a relaunch (``--ckpt_path last``) then gets
 the same paths, the same config hash and so the same run folder. ``stand_in.json`` there records the arguments and
-the hash of the stand-in's source; a folder written by another version of it is written again.
+the hash of the stand-in's source and of the litlab modules it reaches; a folder written by another version of
+them is written again.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import inspect
 import json
 import os
 import shutil
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
@@ -101,14 +103,37 @@ def stand_in_args(slug: str, workdir: Path) -> list[str]:
     return args
 
 
+def stand_in_source_sha256(function: StandIn) -> str:
+    """The hash of the stand-in's module and of every litlab module it reaches through module-level names
+    (transitively): a change in a helper the stand-in calls (a tiny-model writer in ``core``) writes the folder
+    again, not only a change in the stand-in's own file."""
+    start = inspect.getmodule(function)
+    if start is None:
+        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()
+    seen: dict[str, types.ModuleType] = {}
+    todo = [start]
+    while todo:
+        module = todo.pop()
+        if module.__name__ in seen:
+            continue
+        seen[module.__name__] = module
+        for value in vars(module).values():
+            found = value if isinstance(value, types.ModuleType) else inspect.getmodule(value)
+            if found is not None and found.__name__.split(".")[0] == "litlab" and found.__name__ not in seen:
+                todo.append(found)
+    digest = hashlib.sha256()
+    for name in sorted(seen):
+        digest.update(name.encode() + b"\0" + inspect.getsource(seen[name]).encode() + b"\0")
+    return digest.hexdigest()
+
+
 def prepared_stand_in(slug: str, workdir: Path) -> list[str]:
     """:func:`stand_in_args` once per ``workdir``: a folder already written by this version of the stand-in (its
     ``stand_in.json``) is reused with its arguments; two processes that need it at once (``--jobs``, two fits)
     write it once. The Hugging Face hub is put offline first: a stand-in never downloads."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     function = stand_in_function(slug)
-    source = hashlib.sha256(inspect.getsource(inspect.getmodule(function) or function).encode()).hexdigest()
-    record = {"slug": slug, "target": STAND_INS[slug], "source_sha256": source}
+    record = {"slug": slug, "target": STAND_INS[slug], "source_sha256": stand_in_source_sha256(function)}
     workdir = Path(workdir).resolve()
     with one_builder(workdir):
         try:

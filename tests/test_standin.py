@@ -253,3 +253,38 @@ def test_a_runs_config_is_read_where_lightning_cli_wrote_it(tmp_path):
     assert run.config() == {"model": {"lr": 0.3}}
     (tmp_path / "config.yaml").write_text("model: {lr: 1.0}\n")
     assert run.config() == {"model": {"lr": 1.0}}
+
+
+def test_the_folder_is_written_again_when_a_helper_the_stand_in_calls_changes(tmp_path):
+    import importlib.util
+    import sys
+
+    from litlab.standin import stand_in_source_sha256
+
+    def load(name: str, source: str):
+        path = tmp_path / f"{name.rpartition('.')[2]}.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    try:
+        load("litlab._probe_helper", "def write(workdir):\n    return ['--a=1']\n")
+        stand_in = load(
+            "litlab._probe_stand_in",
+            "from litlab._probe_helper import write\n\ndef stand_in(workdir):\n    return write(workdir)\n",
+        )
+        before = stand_in_source_sha256(stand_in.stand_in)
+        assert stand_in_source_sha256(stand_in.stand_in) == before
+        load("litlab._probe_helper", "def write(workdir):\n    return ['--a=2', '--b=3']\n")
+        stand_in = load(
+            "litlab._probe_stand_in",
+            "from litlab._probe_helper import write\n\ndef stand_in(workdir):\n    return write(workdir)\n",
+        )
+        assert stand_in_source_sha256(stand_in.stand_in) != before
+    finally:
+        sys.modules.pop("litlab._probe_helper", None)
+        sys.modules.pop("litlab._probe_stand_in", None)
