@@ -70,6 +70,10 @@ def test_uniform_model_prompt_payload():  # §7.2
     assert T.prompt_bits(_ZeroLogits(), text) == T.FIRST_TOKEN_BITS + TC.uniform_prompt_bits(len(text), V)
     long = "1+1=two\n" * 12  # longer than the context: scored with a sliding window, still uniform
     assert T.prompt_bits(_ZeroLogits(), long) == T.FIRST_TOKEN_BITS + TC.uniform_prompt_bits(len(long), V)
+    # the released coder sends the first token free (the card's accounting since issue 34)
+    assert T.prompt_bits(_ZeroLogits(), text, charge_first_token=False) == TC.uniform_prompt_bits(
+        len(text), V
+    )
 
 
 def test_lora_accounting_frozen_base_and_trainable_factors():  # §7.3
@@ -117,6 +121,11 @@ def test_prequential_scores_each_batch_before_its_step_and_is_deterministic(monk
     model2 = _tiny()
     again = T.fit_examples(model2, pairs, list(model2.parameters()), 7, 1e-3, 10, seed=0, code=True)
     assert bits == again and bits > 23 * T.FIRST_TOKEN_BITS
+    model3 = _tiny()  # the released coder: each example's first token free, 7 bits less per example exactly
+    free = T.fit_examples(
+        model3, pairs, list(model3.parameters()), 7, 1e-3, 10, seed=0, code=True, charge_first_token=False
+    )
+    assert bits - free == 23 * T.FIRST_TOKEN_BITS
     with pytest.raises(ValueError, match="one epoch"):
         T.fit_examples(_tiny(), pairs, [], 2, 1e-3, 10, seed=0, code=True)
 
@@ -125,7 +134,8 @@ def test_summary_reads_complexity_off_the_frontier():  # §7.6 on rows
     rows = [T._row("baseline", "", 0, 0.1), T._row("icl", "k=1", 16, 0.3), T._row("online", "n=5", 80, 0.5)]
     s = T.summarize(rows, (0.25, 0.5, 0.9))
     assert s["log2_C_025"] == 4.0 and s["log2_C_050"] == pytest.approx(math.log2(80))
-    assert s["log2_C_090"] == T.NOT_REACHED_LOG2 and s["reached_090"] == 0.0 and s["max_perf"] == 0.5
+    # not reached: censored (inf, never a stand-in length to average) and reached_090 = 0
+    assert s["log2_C_090"] == math.inf and s["reached_090"] == 0.0 and s["max_perf"] == 0.5
     pre = [T._row("online", "n=5", 800, 0.5)]
     assert T.reductions({"pretrained": pre, "posttrained": rows})["R_pretrained_to_posttrained"] == 10.0
     assert rows[1]["bits_total"] == rows[1]["bits_script"] + 16 == T.script_bits("icl") + 16
@@ -138,6 +148,8 @@ def test_fit_then_analyze_complexity_reproduces_the_logged_frontier(tmp_path, mo
     knobs = ["--model.init_args.plan.icl_k=[1]", "--model.init_args.plan.online_n=[5]"]
     knobs += ["--model.init_args.plan.steps=3", "--model.init_args.plan.lora_examples=5"]
     knobs += ["--model.init_args.plan.lora_bits=[2]"]
+    # payload bits with the first token charged, as `litlab analyze complexity` counts (the card counts the authors')
+    knobs += ["--model.init_args.count_script_bits=false", "--model.init_args.plan.charge_first_token=true"]
     args = ["fit", "--config", "configs/task_complexity/quick.yaml", f"--runs_dir={tmp_path}", "--run_id=pre"]
     args += ["--model.init_args.base.pretrain_steps=30", "--trainer.enable_progress_bar=false", *knobs]
     assert main(args) == 0

@@ -23,10 +23,12 @@ payloads, the combined strategy.
 Platform choices (the CPU recipe, our reconstruction): a TinyGPT (d 64, 2 blocks, 4 heads, context 64, litlab's
 character vocabulary) pre-trained on ``a+b=<answer>`` lines (words style in 25 %) = θ_pre; θ_pre post-trained on
 words-style lines for a in 0..4 = θ_post; θ_rand = the initialisation θ_pre started from. Task: answer in words for
-a in 5..9 (``datamodules.sums_task``). Payload bits are compared (the script term is the same for every checkpoint
-and would swamp sub-kilobit payloads); script sizes are reported separately (``SCRIPTS``: minimal reference
-inference scripts, their UTF-8 bytes · 8). The first character of a coded text costs ``ceil(log2 V)`` bits (the
-released coder sends the first token free; the spec adds a byte for byte-level models: ours is character-level).
+a in 5..9 (``datamodules.sums_task``). Two accountings: the authors' (the card's since issue 34:
+``count_script_bits=True`` with ``StrategyPlan.charge_first_token=False``), a program's length = its payload + the
+released script size of its strategy (``RELEASED_SCRIPT_BITS``), the first token of a coded text free, as the
+released coder and frontier notebook count; or payload bits only with the first character of a coded text at
+``ceil(log2 V)`` bits (the defaults; ``SCRIPTS`` holds our own minimal reference scripts, reported apart). A target
+that no point reaches is censored: ``log2_C`` is ``inf`` and ``reached_<δ>`` 0, never a stand-in length.
 
 Real models (``backbone`` a Hugging Face causal LM; ``configs/task_complexity/smollm2.yaml``): the same strategy
 functions take the model's tokenizer (``TextTokens``: litlab's ``CharTokenizer`` or ``HFTokens``); texts are coded in
@@ -71,7 +73,6 @@ TOKENIZER = CharTokenizer()
 FIRST_TOKEN_BITS = math.ceil(
     math.log2(TOKENIZER.vocab_size)
 )  # 7 bits for the first character of a coded text
-NOT_REACHED_LOG2 = 40.0  # log2 C logged when no point reaches δ (C = inf): beyond every program tried here
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 # Minimal reference inference scripts (the program's text; len = 8 · UTF-8 bytes, reported apart from the payload)
@@ -192,7 +193,9 @@ class StrategyPlan:
     ``lora_rank`` (alpha ``lora_alpha``) on ``lora_targets`` trained ``steps`` steps at ``lora_lr`` on the first
     ``lora_examples`` examples, then quantised to each of ``lora_bits``; ``max_new_tokens`` of greedy decoding;
     ``icl_smoothing_eps``: the ICL coder's smoothing (``complexity_coding.smoothed_logprobs``; the released coder's
-    float32 eps by default, 0 = none, as before issue 30). The
+    float32 eps by default, 0 = none, as before issue 30); ``charge_first_token``: the first token of every coded
+    text (an ICL prompt, each online-coded example) costs ``ceil(log2 V)`` bits (ours before issue 34; off = the
+    released coder, which sends it free). The
     epoch order after the first (the decoder replays it) and the LoRA init come from the run's ``data.epoch_order``
     and ``init`` streams (``core.seeding.derive_seed``)."""
 
@@ -210,6 +213,7 @@ class StrategyPlan:
     lora_bits: tuple[int, ...] = (16, 4, 2)
     max_new_tokens: int = 10
     icl_smoothing_eps: float = TC.RELEASED_ICL_EPS
+    charge_first_token: bool = True
 
 
 SUMS_BASE = SumsBase()
@@ -308,14 +312,19 @@ def token_logprobs(
 
 
 def prompt_bits(
-    model: nn.Module, text: str, tokenizer: TextTokens = TOKENIZER, smoothing_eps: float = TC.RELEASED_ICL_EPS
+    model: nn.Module,
+    text: str,
+    tokenizer: TextTokens = TOKENIZER,
+    smoothing_eps: float = TC.RELEASED_ICL_EPS,
+    charge_first_token: bool = True,
 ) -> int:
     """Arithmetic-code length of ``text`` under ``model`` in its own tokens: ``ceil(Σ_{j>=2} -log2 p)`` + the first
-    token's ``ceil(log2 V)``, each distribution smoothed as the released coder does (``smoothing_eps``; 0 = none)."""
+    token's ``ceil(log2 V)`` (free in the released coder: ``charge_first_token=False``), each distribution smoothed
+    as the released coder does (``smoothing_eps``; 0 = none)."""
     if not text:
         return 0
     lp = token_logprobs(model, text, tokenizer, smoothing_eps)
-    return first_token_bits(tokenizer) + TC.prompt_payload_bits(lp)
+    return first_token_bits(tokenizer) * charge_first_token + TC.prompt_payload_bits(lp)
 
 
 def _greedy_windows(model: nn.Module, x: Tensor, max_new: int) -> Tensor:
@@ -430,10 +439,12 @@ def fit_examples(
     code: bool = False,
     trace: list | None = None,
     tokenizer: TextTokens = TOKENIZER,
+    charge_first_token: bool = True,
 ) -> int | None:
     """``steps`` AdamW steps of answer-only CE on ``pairs`` (epoch 1 in the given order, later epochs a permutation
     drawn from ``seed``). With ``code``, every epoch-1 batch is first scored under the current weights (all
-    tokens of each example, the first at ``first_token_bits``) and the prequential payload is returned.
+    tokens of each example, the first at ``first_token_bits``, or free without ``charge_first_token``) and the
+    prequential payload is returned.
     ``trace`` records ``("score", batch)`` events (tests check that scoring precedes the batch's step)."""
     n = len(pairs)
     n_first = math.ceil(n / batch_size)
@@ -441,7 +452,7 @@ def fit_examples(
         raise ValueError(f"online coding of {n} examples needs >= {n_first} steps (one epoch), got {steps}")
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
-    first_bits = first_token_bits(tokenizer)
+    first_bits = first_token_bits(tokenizer) * charge_first_token
     coded: list[Tensor] = []
     step, epoch = 0, 0
     model.train()
@@ -494,7 +505,16 @@ def online_point(
     params = list(m.parameters())
     order_seed = derive_seed("data.epoch_order")
     bits = fit_examples(
-        m, examples[:n], params, plan.steps, plan.lr, plan.batch_size, order_seed, True, tokenizer=tokenizer
+        m,
+        examples[:n],
+        params,
+        plan.steps,
+        plan.lr,
+        plan.batch_size,
+        order_seed,
+        True,
+        tokenizer=tokenizer,
+        charge_first_token=plan.charge_first_token,
     )
     perf = exact_match(m, eval_pairs, max_new=plan.max_new_tokens, tokenizer=tokenizer, score=score)
     return _row("online", f"n={n}", int(bits), perf)
@@ -559,7 +579,8 @@ def frontier_groups(
     def icl(k: int) -> list[dict]:
         prompt = "".join(q + a for q, a in examples[:k])
         perf = exact_match(model, eval_pairs, prompt, plan.max_new_tokens, tokenizer, score)
-        return [_row("icl", f"k={k}", prompt_bits(model, prompt, tokenizer, plan.icl_smoothing_eps), perf)]
+        bits = prompt_bits(model, prompt, tokenizer, plan.icl_smoothing_eps, plan.charge_first_token)
+        return [_row("icl", f"k={k}", bits, perf)]
 
     groups: list[Callable[[], list[dict]]] = [baseline] if plan.baseline else []
     groups += [functools.partial(icl, k) for k in plan.icl_k]
@@ -600,13 +621,14 @@ def delta_key(delta: float) -> str:
 
 
 def summarize(rows: Sequence[dict], deltas: Sequence[float], bits: str = "bits_payload") -> dict[str, float]:
-    """C(δ) (as log2; ``NOT_REACHED_LOG2`` when no point reaches δ), the frontier's reach, and per-strategy bests."""
+    """C(δ) as log2 (``inf`` when no point reaches δ: censored, never a number to average; ``reached_<δ>`` says
+    which), the frontier's reach, and per-strategy bests."""
     pts = [(float(r[bits]), float(r["perf"])) for r in rows]
     out: dict[str, float] = {"max_perf": max(p for _, p in pts)}
     for d in deltas:
         c = TC.complexity(pts, d)
         out[f"reached_{delta_key(d)}"] = float(math.isfinite(c))
-        out[f"log2_C_{delta_key(d)}"] = math.log2(max(c, 1.0)) if math.isfinite(c) else NOT_REACHED_LOG2
+        out[f"log2_C_{delta_key(d)}"] = math.log2(max(c, 1.0)) if math.isfinite(c) else math.inf
     for s in ("baseline", "icl", "online", "lora", "lora_q"):
         mine = [r for r in rows if r["strategy"] == s]
         if mine:
@@ -631,9 +653,14 @@ def reductions(frontiers: dict[str, Sequence[dict]], bits: str = "bits_payload")
     return out
 
 
-def write_frontier_figure(frontiers: dict[str, Sequence[dict]], path: Path, title: str = "") -> Path:
-    """Performance vs payload bits (log x; 0-bit points at 1 bit), one step-function frontier per checkpoint,
-    strategies as markers."""
+BITS_LABEL = {"bits_payload": "payload bits", "bits_total": "payload + script bits"}
+
+
+def write_frontier_figure(
+    frontiers: dict[str, Sequence[dict]], path: Path, title: str = "", bits: str = "bits_payload"
+) -> Path:
+    """Performance vs program length (``bits``: ``bits_payload`` or ``bits_total``; log x, 0-bit points at 1 bit),
+    one step-function frontier per checkpoint, strategies as markers."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -642,7 +669,7 @@ def write_frontier_figure(frontiers: dict[str, Sequence[dict]], path: Path, titl
     markers = {"baseline": "s", "icl": "^", "online": "o", "lora": "D", "lora_q": "v"}
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for name, rows in frontiers.items():
-        pts = [(max(float(r["bits_payload"]), 1.0), float(r["perf"])) for r in rows]
+        pts = [(max(float(r[bits]), 1.0), float(r["perf"])) for r in rows]
         front = TC.pareto_frontier(pts)
         xs = [b for b, _ in front] + [max(b for b, _ in pts) * 2]
         ys = [p for _, p in front] + [front[-1][1]]
@@ -652,7 +679,10 @@ def write_frontier_figure(frontiers: dict[str, Sequence[dict]], path: Path, titl
     for s, m in markers.items():
         ax.scatter([], [], marker=m, color="grey", label=s)
     ax.set(
-        xscale="log", xlabel="payload bits (0 drawn at 1)", ylabel="exact match", title=title or "frontiers"
+        xscale="log",
+        xlabel=f"{BITS_LABEL[bits]} (0 drawn at 1)",
+        ylabel="exact match",
+        title=title or "frontiers",
     )
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -720,8 +750,8 @@ class TaskComplexity(L.LightningModule):
     ``<run>/task_complexity.json`` and ``task_complexity_frontier.png``.
 
     ``count_script_bits``: the frontier (and ``/bits``, ``log2_C``) counts each point's payload plus the authors'
-    script size for its strategy (``RELEASED_SCRIPT_BITS``), as the paper's curves do; off (the default, the card's
-    metric): payload bits only, since a script term of ~3 kbit would swamp the toy's sub-kilobit payloads."""
+    script size for its strategy (``RELEASED_SCRIPT_BITS``), as the paper's curves do (the card's metric since issue
+    34, with ``plan.charge_first_token=False``); off (the default): payload bits only."""
 
     # a frontier point that is never reached is infinite or NaN on purpose (litlab.callbacks.divergence)
     nonfinite_metrics_allowed = ("tc/*",)
@@ -825,7 +855,7 @@ class TaskComplexity(L.LightningModule):
             )
             if self.hparams.figures:
                 write_frontier_figure(
-                    {self.state_tag: self.rows}, root / "task_complexity_frontier.png", dm.task
+                    {self.state_tag: self.rows}, root / "task_complexity_frontier.png", dm.task, counted
                 )
 
     def validation_step(self, batch, batch_idx: int) -> None:
@@ -859,25 +889,32 @@ def report(result, out_dir: Path):
     from litlab.lit_modules.core.results import ReportExtras
 
     by_seed: dict[tuple[str, int], dict[str, list]] = {}
+    counted: dict[
+        str, str
+    ] = {}  # backbone -> the bits its runs counted (task_complexity.json's bits_counted)
     for run in result.runs.values():
         for sr in run.runs:
             f = Path(sr.run_dir) / "task_complexity.json"
             if f.exists():
                 d = json.loads(f.read_text())
                 by_seed.setdefault((d.get("backbone", "tiny_gpt"), sr.seed), {})[d["state"]] = d["rows"]
-    figures, lines, numbers = [], ["### Frontiers (payload bits)\n\n"], {}
+                counted[d.get("backbone", "tiny_gpt")] = d.get("bits_counted", "bits_payload")
+    figures, lines, numbers = [], ["### Frontiers\n\n"], {}
     for (backbone, seed), fr in sorted(by_seed.items()):
         fr = {s: fr[s] for s in STATES if s in fr}
+        bits = counted[backbone]
         tag = "" if backbone == "tiny_gpt" else f"{backbone.replace('/', '_')}_"
         title = f"seed {seed}" if not tag else f"{backbone}, seed {seed}"
-        figures.append(write_frontier_figure(fr, out_dir / f"frontier_{tag}seed{seed}.png", title))
-        red = reductions(fr)
+        figures.append(write_frontier_figure(fr, out_dir / f"frontier_{tag}seed{seed}.png", title, bits))
+        red = reductions(fr, bits)
         numbers.update({f"{tag}{k}_seed{seed}": v for k, v in red.items() if math.isfinite(v)})
-        lines.append(f"{title}: " + ", ".join(f"{k} = {v:.4g}" for k, v in red.items()) + "\n\n")
+        lines.append(
+            f"{title} ({BITS_LABEL[bits]}): " + ", ".join(f"{k} = {v:.4g}" for k, v in red.items()) + "\n\n"
+        )
         for state, rows in fr.items():
             pts = ", ".join(
                 f"{r['strategy']}{'[' + r['knob'] + ']' if r['knob'] else ''} {r['perf']:.2f} @ "
-                f"{r['bits_payload']}"
+                f"{r[bits]}" + (f" ({r['bits_payload']} payload)" if bits != "bits_payload" else "")
                 for r in rows
             )
             lines.append(f"- {state}: {pts}\n")
