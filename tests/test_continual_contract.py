@@ -198,3 +198,24 @@ def test_benchmark_prints_every_method_relative_to_lora(capsys, monkeypatch):
 def _fast(module):
     module.backbone_cfg = dataclasses.replace(module.backbone_cfg, pretrain_epochs=2)
     return module
+
+
+def test_the_continual_cards_share_one_task_stream():
+    """Every quick run of both continual cards reads configs/continual/digits_stream.yaml and changes nothing of it
+    but ``cumulative`` (the joint-training ceiling); each card has a frozen floor and that ceiling."""
+    import yaml
+
+    from litlab.cards import load_card, project_path
+
+    stream = project_path("configs/continual/digits_stream.yaml")
+    for slug in ("janus_lora", "loda"):
+        card = load_card(project_path(f"seeds/{slug}.yaml"), check_preregistration=False)
+        roles = {spec.role for spec in card.runs.values()}
+        assert {"floor", "ceiling"} <= roles, slug
+        for name, spec in card.runs_for("quick").items():
+            config = project_path(spec.config_path("quick"))
+            data = yaml.safe_load(config.read_text())["data"]
+            assert (config.parent / data).resolve() == stream.resolve(), (slug, name)
+            data_overrides = {k: v for k, v in spec.all_overrides("quick").items() if k.startswith("data")}
+            assert data_overrides in ({}, {"data.init_args.cumulative": True}), (slug, name, data_overrides)
+            assert (data_overrides != {}) == (spec.role == "ceiling"), (slug, name)
