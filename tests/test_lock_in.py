@@ -162,14 +162,13 @@ def test_updates_forced_into_a_rank_two_subspace():
 
 
 # ---- the module: a tiny projected fit (§7.3 in a real fit, §7.4 at step 0) and the card's statistics --------------
-def test_projected_fit_keeps_the_stiff_fraction_at_zero(tmp_path, monkeypatch):
+def _tiny_fit(tmp_path, run_id: str, *extra: str) -> dict:
+    """A 6-step fit of configs/lock_in/quick.yaml on a tiny base; its trajectory.json."""
     import json
-    from pathlib import Path
 
     from litlab.__main__ import main
 
-    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
-    args = ["fit", "--config", "configs/lock_in/quick.yaml", f"--runs_dir={tmp_path}", "--run_id=proj"]
+    args = ["fit", "--config", "configs/lock_in/quick.yaml", f"--runs_dir={tmp_path}", f"--run_id={run_id}"]
     args += [
         "--model.init_args.base.pretrain_steps=20",
         "--model.init_args.base.d_model=32",
@@ -180,17 +179,47 @@ def test_projected_fit_keeps_the_stiff_fraction_at_zero(tmp_path, monkeypatch):
         "--model.init_args.curvature.lanczos_iters=10",
         "--model.init_args.curvature.n_cal_windows=32",
         "--model.init_args.eval_every=3",
-        "--model.init_args.projection=global",
         "--trainer.max_steps=6",
         "--trainer.enable_progress_bar=false",
+        *extra,
     ]
     assert main(args) == 0
-    out = json.loads((tmp_path / "lock_in" / "proj" / "trajectory.json").read_text())
+    return json.loads((tmp_path / "lock_in" / run_id / "trajectory.json").read_text())
+
+
+def test_projected_fit_keeps_the_stiff_fraction_at_zero(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    out = _tiny_fit(tmp_path, "proj", "--model.init_args.projection=global")
     traj = out["trajectory"]
     assert traj[0]["t"] == 0 and traj[0]["drift"] == 0.0 and traj[0]["h"] == 0.0 and traj[0]["f"] == 0.0
     assert [p["t"] for p in traj] == [0, 3, 6]
     assert all(p["f"] < 1e-6 and p["h"] < 1e-6 * max(1.0, p["drift"] ** 2) for p in traj)
     assert traj[-1]["drift"] > 0 and out["ritz_top"][0] >= out["ritz_top"][-1]
+
+
+def test_rehearsal_fit_trains_on_the_broad_data_and_reads_the_curve_at_l_star(tmp_path, monkeypatch):
+    """The controls' knob in a real fit: rehearsal 1.0 changes the run (same seed, same task windows) and logs its
+    loss; L* above θ0's task loss reads θ0's own broad loss, an L* never reached logs nothing."""
+    import json
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    plain = _tiny_fit(tmp_path, "plain", "--model.init_args.match_task_loss=0.01")
+    replay = _tiny_fit(
+        tmp_path, "replay", "--model.init_args.rehearsal=1.0", "--model.init_args.match_task_loss=100"
+    )
+    assert plain["rehearsal"] == 0.0 and replay["rehearsal"] == 1.0
+    assert plain["trajectory"][0] == replay["trajectory"][0]  # the same base and θ0
+    assert replay["trajectory"][-1]["L_B"] != plain["trajectory"][-1]["L_B"]
+    assert replay["L_B_matched"] == replay["trajectory"][0]["L_B"] and plain["L_B_matched"] is None
+    logged = json.loads((tmp_path / "lock_in" / "replay" / "summary.json").read_text())["metrics"]
+    assert "train/loss_rehearsal" in logged and logged["lockin/L_B_matched"] == pytest.approx(
+        replay["L_B_matched"]
+    )
+    skipped = json.loads((tmp_path / "lock_in" / "plain" / "summary.json").read_text())["metrics"]
+    assert "lockin/L_B_matched" not in skipped and "train/loss_rehearsal" not in skipped
 
 
 def _record(trajectory, lr, l2sp=0.0, projection="none") -> dict:
@@ -247,7 +276,17 @@ def _toy_base(seed: int = 0) -> dict:
     return {"H": V @ torch.diag(lam) @ V.T, "S": V[:, :3], "lam": lam[:3], "theta0": theta0, "c": c}
 
 
-def _toy_run(base, lr, l2sp=0.0, projected=False, basis=None, harm_of="displacement", steps=150, every=15):
+def _toy_run(
+    base,
+    lr,
+    l2sp=0.0,
+    projected=False,
+    basis=None,
+    harm_of="displacement",
+    steps=150,
+    every=15,
+    rehearsal=0.0,
+):
     g = torch.Generator().manual_seed(100)
     A = torch.randn(10, 100, generator=g, dtype=torch.float64) / 10
     th0 = base["theta0"]
@@ -276,7 +315,9 @@ def _toy_run(base, lr, l2sp=0.0, projected=False, basis=None, harm_of="displacem
     record(0)
     for t in range(1, steps + 1):
         opt.zero_grad()
-        (0.1 * (A @ theta - b).pow(2).sum() + 0.5 * l2sp * (theta - th0).pow(2).sum()).backward()
+        broad = 0.5 * (theta - th0) @ base["H"] @ (theta - th0)  # as LockInFT: + rehearsal x the broad loss
+        task = 0.1 * (A @ theta - b).pow(2).sum()
+        (task + 0.5 * l2sp * (theta - th0).pow(2).sum() + rehearsal * broad).backward()
         prev = theta.detach().clone()
         opt.step()
         if projected:  # as LockInFT.optimizer_step: the optimizer's step, then step <- step - S Sᵀ step
@@ -378,3 +419,57 @@ def test_report_hook_reads_what_each_run_ran_not_its_name(tmp_path):
     assert numbers["final_witness_seeds"] == sum(s["final_witness"] for s in per_seed)
     with pytest.raises(ValueError, match="same stabiliser"):
         LI.lock_in_statistics(records[0][:2] + records[0][3:])  # the projected run's plain twin missing
+
+
+# ---- the card's degradation-curve metric: L_B at a matched task loss (headline and controls) -----------------------
+def test_broad_loss_at_task_loss_reads_the_first_crossing():
+    tr = [
+        {"L_T": 3.0, "L_B": 2.0},
+        {"L_T": 2.6, "L_B": 3.0},
+        {"L_T": 2.2, "L_B": 5.0},
+        {"L_T": 2.0, "L_B": 4.0},
+    ]
+    assert LI.broad_loss_at_task_loss(tr, 2.4) == pytest.approx(4.0)  # halfway from (2.6, 3.0) to (2.2, 5.0)
+    assert LI.broad_loss_at_task_loss(tr, 2.6) == pytest.approx(3.0)
+    assert LI.broad_loss_at_task_loss(tr, 3.5) == 2.0  # θ0 is already there
+    assert LI.broad_loss_at_task_loss(tr, 1.9) is None  # never reached: no value
+    back = tr + [{"L_T": 2.5, "L_B": 9.0}, {"L_T": 2.3, "L_B": 9.0}]
+    assert LI.broad_loss_at_task_loss(back, 2.4) == pytest.approx(4.0)  # the first crossing, not a later one
+
+
+def test_matched_broad_loss_ignores_the_rate_and_sees_rehearsal():
+    """On the quadratic stand-in (one task, full-batch SGD), runs that differ only in step size (a 10x range)
+    read the same L_B at a matched task loss, while rehearsal (the broad loss added to the objective, the card's
+    ceiling) and unlearning (subtracted, its floor) land off that curve, below and above it: the metric tells a
+    change of speed from a change of curve."""
+    base = _toy_base()
+    slow = _toy_run(base, 0.03)
+    target = 0.5 * (slow[0]["L_T"] + slow[-1]["L_T"])  # halfway along the slowest run's task-loss drop
+
+    def matched(**kw):
+        return LI.broad_loss_at_task_loss(_toy_run(base, every=1, **kw), target)
+
+    rates = [matched(lr=lr) for lr in (0.03, 0.09, 0.3)]
+    assert None not in rates and max(rates) - min(rates) < 0.02 * (rates[0] - base["c"]), rates
+    rehearsal, unlearning = matched(lr=0.3, rehearsal=1.0), matched(lr=0.3, rehearsal=-0.2)
+    assert rehearsal is not None and unlearning is not None
+    assert rehearsal < min(rates) - 0.2 * (rates[0] - base["c"]), (rehearsal, rates)
+    assert unlearning > max(rates) + 0.2 * (rates[0] - base["c"]), (unlearning, rates)
+
+
+def test_control_runs_are_not_standard_runs_of_the_statistics():
+    """A rehearsal run (the card's controls) is neither a stabiliser of the collapse statistics nor the plain twin of
+    the projected run: adding one changes none of the numbers."""
+    base = _toy_base()
+    standard = [{"lr": 0.03}, {"lr": 0.09}, {"lr": 0.3}, {"lr": 0.3, "l2sp": 0.05}]
+    runs = [_record(_toy_run(base, **kw), **kw) for kw in standard]
+    runs.append(_record(_toy_run(base, 0.3, projected=True), 0.3, projection="global"))
+    control = {**_record(_toy_run(base, 0.3, rehearsal=1.0), 0.3), "rehearsal": 1.0}
+    assert LI.lock_in_statistics(runs + [control]) == LI.lock_in_statistics(runs)
+
+
+def test_rehearsal_needs_the_tiny_base():
+    from litlab.lit_modules.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rehearsal=1.0"):
+        LI.LockInFT(backbone="some/hub-model", rehearsal=1.0)

@@ -34,6 +34,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +47,7 @@ from litlab.lit_modules.analysis import curvature as C
 from litlab.lit_modules.analysis.contract import DomainEvalData, check_data
 from litlab.lit_modules.analysis.diffract import TinyBase, lm_losses
 from litlab.lit_modules.core.config import config_part
+from litlab.lit_modules.core.corpus import CharTokenizer, local_text_corpus
 from litlab.lit_modules.core.errors import ConfigError
 from litlab.lit_modules.core.hf import load_causal_lm
 from litlab.lit_modules.core.io import atomic_path, atomic_write_json, cache_dir
@@ -237,6 +239,21 @@ def curve_deviation(reference: Sequence[dict], run: Sequence[dict]) -> dict[str,
 def matched_point(trajectory: Sequence[dict], target: float) -> dict | None:
     """The first point with ``L_T <= target`` (the matched-performance point), or None."""
     return next((p for p in trajectory if p["L_T"] <= target), None)
+
+
+def broad_loss_at_task_loss(trajectory: Sequence[dict], target: float) -> float | None:
+    """The degradation curve read at one task loss: ``L_B`` where the run's task loss first falls to ``target``,
+    linear in ``L_T`` between the last point above it and the first at or below it (θ0's own ``L_B`` if it starts
+    there); None if the run never gets there. Under lock-in every stabiliser gives the same value (one curve,
+    another speed); a run on another branch (rehearsal of the broad data, say) does not."""
+    for i, p in enumerate(trajectory):
+        if p["L_T"] <= target:
+            if i == 0:
+                return float(p["L_B"])
+            a = trajectory[i - 1]
+            w = (a["L_T"] - target) / (a["L_T"] - p["L_T"])
+            return float(a["L_B"] + w * (p["L_B"] - a["L_B"]))
+    return None
 
 
 # the reconstruction's bifurcation test (spec §7.6): equal task loss, equal drift, broad loss lower by a margin
@@ -476,6 +493,15 @@ def save_basis(eig: C.Eigen, path: Path) -> None:
         torch.save(dataclasses.asdict(eig), tmp)
 
 
+@cache
+def pretraining_ids() -> Tensor:
+    """The characters of the tiny base's pre-training text, the first half of the local corpus (as
+    ``core.pretrain.pretrained_tiny_gpt(split="first_half")`` reads it): the rehearsal data, apart from the broad
+    evaluation windows (held out at the end of the other half, ``DomainCorpusDataModule``'s ``text`` domain)."""
+    ids = CharTokenizer().encode(local_text_corpus())
+    return ids[: len(ids) // 2]
+
+
 LOCKIN_BASE = TinyBase(heads=4)
 STABILIZER = Stabilizer()
 CURVATURE = CurvatureBasisPlan()
@@ -495,7 +521,13 @@ class LockInFT(L.LightningModule):
     (``datamodules.hub_corpus.HubCorpusDataModule``). At that size the global basis covers the parameters matching
     the regex ``curvature_params`` only (the Lanczos vectors are ``k`` copies of it): h_t, f_t and the projection
     act on that subset, the drift d_t on every parameter. The spec's layer-wise K-FAC basis for > 1B models is
-    not built. A Hugging Face backbone's basis is computed at θ0 in every fit (a resumed one too), not cached."""
+    not built. A Hugging Face backbone's basis is computed at θ0 in every fit (a resumed one too), not cached.
+
+    The card's controls: ``rehearsal`` adds ``rehearsal`` times the LM loss of a batch of the base's own
+    pre-training text (``pretraining_ids``, windows from the run's ``rehearsal`` stream) to every step's task loss:
+    > 0 is rehearsal (replay of the broad data, a run known to land on a lower degradation curve), < 0 unlearns it
+    (a run known to land on a higher one). ``match_task_loss`` (L*): at the end of the fit the curve is read there,
+    ``lockin/L_B_matched`` (``broad_loss_at_task_loss``; not logged when the run never reaches L*)."""
 
     def __init__(
         self,
@@ -507,11 +539,18 @@ class LockInFT(L.LightningModule):
         backbone: str = "tiny_gpt",
         dtype: str = "float32",
         curvature_params: str | None = None,
+        rehearsal: float = 0.0,
+        match_task_loss: float | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
         if projection not in ("none", "global"):
             raise ValueError(f"projection must be 'none' or 'global', got {projection!r}")
+        if rehearsal and backbone != "tiny_gpt":
+            raise ConfigError(
+                f"rehearsal={rehearsal} replays the tiny base's pre-training text; backbone={backbone!r} has none "
+                "here (rehearsal is the quick scale's control)"
+            )
         self.base_cfg, self.stab, self.curv, self.projection = base, stabilizer, curvature, projection
         if backbone == "tiny_gpt":
             self.model = base.pretrained()
@@ -621,10 +660,24 @@ class LockInFT(L.LightningModule):
         logits = logits if isinstance(logits, Tensor) else logits.logits  # a Hugging Face model's output
         loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())  # -100: not a task token
         self.log("train/loss_task", loss, prog_bar=True)
+        if self.hparams.rehearsal:
+            broad = self._rehearsal_loss(*batch["input_ids"].shape)
+            self.log("train/loss_rehearsal", broad)
+            loss = loss + self.hparams.rehearsal * broad
         if self.stab.l2sp > 0:
             theta = torch.cat([p.reshape(-1) for p in self.model.parameters()])
             loss = loss + 0.5 * self.stab.l2sp * (theta - self.theta0_all.to(theta.device)).pow(2).sum()
         return loss
+
+    def _rehearsal_loss(self, batch_size: int, block: int) -> Tensor:
+        """The LM loss of ``batch_size`` random pre-training windows; the windows of step t are drawn from the
+        run's ``rehearsal`` stream and t, so a resumed fit replays the same ones."""
+        ids = pretraining_ids()
+        gen = torch.Generator().manual_seed(derive_seed("rehearsal") + self.global_step)
+        starts = torch.randint(0, len(ids) - block - 1, (batch_size, 1), generator=gen)
+        windows = ids[starts + torch.arange(block + 1)].to(self.device)
+        logits = self.model(windows[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         """The DataModule's validation loaders, task (0) and broad (1): ``val/loss_task``, ``val/loss_broad``."""
@@ -653,6 +706,10 @@ class LockInFT(L.LightningModule):
             point = self._record()
             for k in ("L_T", "L_B", "dL_B", "drift", "h", "f", "c"):
                 self.log(f"lockin/{k}", float(point[k]), on_step=True, on_epoch=False)
+        target = self.hparams.match_task_loss
+        matched = broad_loss_at_task_loss(self.trajectory, target) if last and target is not None else None
+        if matched is not None:
+            self.log("lockin/L_B_matched", matched, on_step=True, on_epoch=False)
         if last and t.is_global_zero:
             eig = self.curvature_basis()
             atomic_write_json(
@@ -663,6 +720,9 @@ class LockInFT(L.LightningModule):
                     "residuals": eig.residuals.tolist(),
                     "stabilizer": dataclasses.asdict(self.stab),
                     "projection": self.projection,
+                    "rehearsal": self.hparams.rehearsal,
+                    "match_task_loss": target,
+                    "L_B_matched": matched,
                 },
             )
 
@@ -684,12 +744,12 @@ def _points(runs: Sequence[Mapping]) -> list[dict]:
 def lock_in_statistics(runs: Sequence[Mapping]) -> dict[str, float]:
     """The statistics of one seed's runs, each as its ``trajectory.json`` holds it (``{"stabilizer": {lr,
     weight_decay, l2sp}, "projection", "trajectory"}``), classified by what they ran, not by their names: the
-    *standard* runs are the unprojected ones (the stabilisers), the *lr-only* runs those of them without L2-SP or
-    weight decay. Collapse R²_T and drift R²_d pooled over the standard runs, R²_T over the lr-only ones; Spearman
+    *standard* runs are the unprojected ones without rehearsal (the stabilisers; a rehearsal or unlearning run is a
+    control), the *lr-only* runs those of them without L2-SP or weight decay. Collapse R²_T and drift R²_d pooled over the standard runs, R²_T over the lr-only ones; Spearman
     of final h with final ΔL_B over the standard runs; linear R² of L_B on h_t pooled over their (run, t) points;
     and for a projected run, against the standard run of the same stabiliser: the drift ratio projected / plain and
     whether their two final points are a drift-paradox witness."""
-    standard = [r for r in runs if r["projection"] == "none"]
+    standard = [r for r in runs if r["projection"] == "none" and not r.get("rehearsal", 0.0)]
     lr_only = [r for r in standard if not r["stabilizer"]["l2sp"] and not r["stabilizer"]["weight_decay"]]
     pts, lr_pts = _points(standard), _points(lr_only)
     finals = [r["trajectory"][-1] for r in standard]
@@ -719,12 +779,14 @@ def lock_in_statistics(runs: Sequence[Mapping]) -> dict[str, float]:
 
 
 def setting_label(run: Mapping) -> str:
-    """What a run ran, for a legend: ``lr 0.001``, ``lr 0.001, L2-SP 0.05``, ``lr 0.001, projected``."""
+    """What a run ran, for a legend: ``lr 0.001``, ``lr 0.001, L2-SP 0.05``, ``lr 0.001, projected``, ``lr 0.001,
+    rehearsal -0.1``."""
     stab = run["stabilizer"]
     parts = [f"lr {stab['lr']:g}"]
     parts += [f"L2-SP {stab['l2sp']:g}"] if stab["l2sp"] else []
     parts += [f"wd {stab['weight_decay']:g}"] if stab["weight_decay"] else []
     parts += ["projected"] if run["projection"] != "none" else []
+    parts += [f"rehearsal {run['rehearsal']:g}"] if run.get("rehearsal") else []
     return ", ".join(parts)
 
 
@@ -757,6 +819,9 @@ def report(result, out_dir):
         tr, label = run["trajectory"], setting_label(run)
         ax[0].plot([p["L_T"] for p in tr], [p["L_B"] for p in tr], marker=".", label=label)
         ax[1].plot([p["drift"] for p in tr], [p["L_B"] for p in tr], marker=".", label=label)
+    targets = {r.get("match_task_loss") for r in by_seed[result.seeds[0]]} - {None}
+    for target in targets:  # where the card reads the curve (lockin/L_B_matched)
+        ax[0].axvline(target, color="grey", linestyle=":", label=f"L* = {target:g}")
     ax[0].set(
         xlabel="task loss L_T (math)", ylabel="broad loss L_B (docstrings)", title=f"seed {result.seeds[0]}"
     )
