@@ -33,13 +33,8 @@ import torch
 
 from litlab.kernels.block_select import block_select_reference, quant_qk_block_select, smooth_quantize
 from litlab.kernels.block_sparse_attention import block_sparse_attention, dense_causal_attention
-from litlab.lit_modules.longctx.sale import (
-    SALEConfig,
-    block_density,
-    pooled_block_mask,
-    pooled_keep_counts,
-    sink_needle_inputs,
-)
+from litlab.lit_modules.longctx.sale import SALEConfig, block_density, sink_needle_inputs
+from litlab.lit_modules.longctx.sale_baselines import pooled_block_mask, pooled_keep_counts
 
 
 def _sync(device) -> None:

@@ -5,7 +5,8 @@ Two vocabularies share the generators' logic:
   16..47 values, 48..127 filler). Passkey: ``[BOS, filler.., v, filler.., QUERY] -> v``.
 * ``vocab="smollm2"``: natural-language prompts for SmolLM2-135M-Instruct: filler sentences, the
   needle " The pass key is NNNNN. Remember it. NNNNN is the pass key. " at a depth, and the question
-  "\\nWhat is the pass key? The pass key is"; success if the key appears in the greedy answer.
+  "\\nWhat is the pass key? The pass key is" (or ``needle="secret_number"``: the same with "the secret number",
+  which SmolLM2-135M answers in this filler); success if the key appears in the greedy answer.
   ``filler="corpus"`` (default): varied natural text, the prose sentences of the platform's stdlib docstring
   corpus (``litlab.lit_modules.core.corpus``; no digits, so no distractor keys), drawn in a new order for every
   prompt (the prompt's seed); ``filler="repeat"``: the RULER-style repeated "The grass is green. ..." line, which
@@ -40,6 +41,22 @@ PAD, BOS, QUERY, NEEDLE = 0, 1, 2, 3
 KEYS, VALUES, FILLER = range(4, 16), range(16, 48), range(48, 128)
 Task = Literal["passkey", "multikey", "multivalue"]
 Filler = Literal["corpus", "repeat"]
+Needle = Literal["pass_key", "secret_number"]
+
+# The passkey task's needle and question (``{c}``: the five-digit code). "pass_key" is RULER's wording; in the
+# docstring filler, whose prose is about programming, SmolLM2-135M-Instruct often reads "the pass key is" as code
+# ("... is a function that is passed to the"): 5 of 8 prompts right at ~2K tokens, dense (2026-12-06). With
+# "secret_number" it answered 8 of 8 (the same prompts otherwise).
+NEEDLES = {
+    "pass_key": (
+        " The pass key is {c}. Remember it. {c} is the pass key. ",
+        "\nWhat is the pass key? The pass key is",
+    ),
+    "secret_number": (
+        " The secret number is {c}. Remember it. {c} is the secret number. ",
+        "\nWhat is the secret number? The secret number is",
+    ),
+}
 
 FILLER_TEXT = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 INTRO = (
@@ -139,15 +156,17 @@ def text_prompt(
     gen: torch.Generator,
     depth: float | None = None,
     filler: Filler = "corpus",
+    needle: Needle = "pass_key",
 ) -> dict:
-    """A natural-language prompt of about ``length`` tokens (the needle's depth uniform unless given)."""
+    """A natural-language prompt of about ``length`` tokens (the needle's depth uniform unless given); ``needle``
+    words the passkey task (``NEEDLES``)."""
     depth = float(torch.rand((), generator=gen)) if depth is None else depth
     names = ["Alice", "Bob", "Carol", "Dave"]
     n_needles = 1 if task == "passkey" else (len(names) if task == "multikey" else 2)
     codes = [int(torch.randint(10000, 100000, (), generator=gen)) for _ in range(n_needles)]
     if task == "passkey":
-        needles = [f" The pass key is {codes[0]}. Remember it. {codes[0]} is the pass key. "]
-        question, answer = "\nWhat is the pass key? The pass key is", str(codes[0])
+        needles, question = [NEEDLES[needle][0].format(c=codes[0])], NEEDLES[needle][1]
+        answer = str(codes[0])
     elif task == "multikey":
         needles = [f" The pass key of {n} is {c}. Remember it. " for n, c in zip(names, codes)]
         target = int(torch.randint(0, n_needles, (), generator=gen))
@@ -161,9 +180,9 @@ def text_prompt(
     fixed = len(tokenizer(INTRO + "".join(needles) + question)["input_ids"])
     parts = _filler_parts(tokenizer, filler, length - fixed, gen)
     reps = len(parts)
-    for i, needle in enumerate(needles):  # needles spread from the chosen depth towards the end
+    for i, text in enumerate(needles):  # needles spread from the chosen depth towards the end
         at = min(reps, round((depth + i * (1 - depth) / max(n_needles, 1)) * reps))
-        parts.insert(at + i, needle)
+        parts.insert(at + i, text)
     context = tokenizer(INTRO + "".join(parts), return_tensors="pt")["input_ids"][0]
     query = tokenizer(question, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
     return _item(context, query, [], answer, int(context.numel() + query.numel()), depth)
@@ -188,6 +207,7 @@ class LongContextDataModule(L.LightningDataModule):
         depths: list[float] | None = None,
         tokenizer_name: str | None = None,
         filler: Filler = "corpus",
+        needle: Needle = "pass_key",
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -198,6 +218,8 @@ class LongContextDataModule(L.LightningDataModule):
             )
         if filler not in ("corpus", "repeat"):
             raise ValueError(f"filler={filler!r}: use corpus (varied natural text) or repeat")
+        if needle not in NEEDLES:
+            raise ValueError(f"needle={needle!r}: use one of {sorted(NEEDLES)} (the passkey task's wording)")
         if vocab == "text" and not tokenizer_name:
             raise ValueError("vocab='text' needs tokenizer_name (a Hugging Face id or folder)")
         if vocab == "tiny" and min(self.lengths) < 16:
@@ -230,7 +252,7 @@ class LongContextDataModule(L.LightningDataModule):
                 out.append(
                     tiny_prompt(task, length, gen, depth)
                     if hp.vocab == "tiny"
-                    else text_prompt(self.tokenizer, task, length, gen, depth, hp.filler)
+                    else text_prompt(self.tokenizer, task, length, gen, depth, hp.filler, hp.needle)
                 )
         record_artefact(f"prompts.{split}", fingerprint(out))
         return out

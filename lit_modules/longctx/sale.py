@@ -12,9 +12,9 @@ Algorithm, per layer and prefill call:
                      middle block selected iff max_(i,j in block) scale*s_hat - T_i > 0  # RAS > tau
     O = flash attention over reserved + selected blocks
 Thresholds tau[l, h]: uniform, or calibrated offline by halving until the L1 output error < theta*N.
-Baseline ``sale_pooled`` (our stand-in for SpargeAttn-style coarse selection): same reserved blocks, middle blocks
-ranked by mean-pooled q_block . k_block, keeping ONE top fraction of every query block's middle blocks, chosen per
-layer call so its density matches SALE's.
+Baselines (``sale_baselines``), same reserved blocks and SALE's density, ONE top fraction of every query block's
+middle blocks: ``sale_pooled`` ranks them by mean-pooled q_block . k_block (our stand-in for SpargeAttn-style coarse
+selection), ``sale_random`` at random (the floor; its draws come from the run's ``"select"`` stream).
 Reconstructed: the paper's text could not be read; chosen (from the official kernels): the threshold formula, the
 reserved-region arithmetic, the calibration loop, and the name "Relative Attention Score" for exp(z - m)/l.
 """
@@ -28,16 +28,18 @@ from typing import Literal
 
 import torch
 
-from litlab.kernels.block_select import quant_qk_block_select, reserved_blocks, smooth_quantize
+from litlab.kernels.block_select import quant_qk_block_select, smooth_quantize
 from litlab.kernels.block_sparse_attention import block_sparse_attention, dense_causal_attention
 from litlab.lit_modules.core.config import as_config, config_part
 from litlab.lit_modules.core.results import CardResult, ReportExtras
+from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.longctx.contract import CalibrationData, LongContextData
 from litlab.lit_modules.longctx.harness import EVAL, TINY_LM, EvalSettings, FrozenLM, LongContextEval
 from litlab.lit_modules.longctx.kv_cache import CACHE_KWARG, KVMethod, head_dim, method_cache
 from litlab.lit_modules.longctx.report import density_report
+from litlab.lit_modules.longctx.sale_baselines import pooled_block_mask, pooled_keep_counts, random_block_mask
 
-Attn = Literal["sale", "sale_pooled", "sdpa"]
+Attn = Literal["sale", "sale_pooled", "sale_random", "sdpa"]
 
 
 # ---- synthetic "sink + needles" attention inputs ----------------------------------------------------------------
@@ -138,49 +140,6 @@ def sale_block_mask(q, k, tau, cfg: SALEConfig, sm_scale=None):
     return mask, quant[0]
 
 
-def reserved_only_mask(mask_like: torch.Tensor, N: int, cfg: SALEConfig) -> torch.Tensor:
-    """The reserved blocks alone (tau = +inf)."""
-    tau = torch.full((mask_like.shape[1],), float("inf"))
-    q = torch.zeros(mask_like.shape[0], mask_like.shape[1], N, 16)
-    quant = smooth_quantize(q, q[:, :1], 4)
-    return quant_qk_block_select(q, *quant, tau, impl="reference", **cfg.blocks())
-
-
-def pooled_block_mask(q, k, n_keep: torch.Tensor, cfg: SALEConfig) -> torch.Tensor:
-    """Coarse baseline: reserved blocks + the ``n_keep[b,h,qb]`` middle blocks with the largest mean-pooled
-    score q_bar(query block) . k_bar(key block)."""
-    B, H, N, d = q.shape
-    g = H // k.shape[1]
-    n_qb, n_kb = math.ceil(N / cfg.block_q), math.ceil(N / cfg.block_k)
-    pad_q, pad_k = n_qb * cfg.block_q - N, n_kb * cfg.block_k - N
-    qp = torch.nn.functional.pad(q.float(), (0, 0, 0, pad_q)).unflatten(2, (n_qb, cfg.block_q)).mean(3)
-    kp = torch.nn.functional.pad(k.float(), (0, 0, 0, pad_k)).unflatten(2, (n_kb, cfg.block_k)).mean(3)
-    score = qp @ kp.repeat_interleave(g, 1).transpose(-1, -2)  # [B, H, nQ, nK]
-    mask = reserved_only_mask(score, N, cfg)
-    middle = torch.zeros_like(mask, dtype=torch.bool)
-    for qb in range(n_qb):
-        rng = reserved_blocks(qb, N, **cfg.blocks())[2]
-        middle[:, :, qb, rng.start : rng.stop] = True
-    ranked = score.masked_fill(~middle, float("-inf")).argsort(-1, descending=True)
-    keep = torch.arange(n_kb)[None, None, None, :] < n_keep[..., None]
-    chosen = torch.zeros_like(middle).scatter_(-1, ranked, keep) & middle
-    return (mask.bool() | chosen).to(torch.uint8)
-
-
-def pooled_keep_counts(sale_mask: torch.Tensor, N: int, cfg: SALEConfig) -> torch.Tensor:
-    """Middle blocks the pooled baseline keeps per (b, h, query block): ONE fraction f of every query block's middle
-    region ("top fraction per query block"), chosen so the total matches SALE's selected count, i.e. equal
-    density. (Copying SALE's per-block counts instead would hand the baseline SALE's needle locations.)"""
-    n_mid = torch.tensor(
-        [len(reserved_blocks(qb, N, **cfg.blocks())[2]) for qb in range(sale_mask.shape[2])],
-        dtype=torch.float32,
-    )
-    selected = float(sale_mask.sum() - reserved_only_mask(sale_mask, N, cfg).sum())
-    total_mid = float(n_mid.sum()) * sale_mask.shape[0] * sale_mask.shape[1]
-    frac = selected / total_mid if total_mid else 0.0
-    return torch.round(frac * n_mid).long().expand(*sale_mask.shape[:2], -1)
-
-
 def block_density(mask: torch.Tensor, N: int, block_q: int, block_k: int) -> float:
     """(reserved + selected causal blocks) / (all causal blocks)."""
     n_qb = mask.shape[2]
@@ -226,6 +185,13 @@ class SALEMethod(KVMethod):
         self.cfg, self.tau, self.thresholds = cfg, tau, thresholds
         self.min_seq_len, self.start_layer, self.measure_error = min_seq_len, start_layer, measure_error
         self.stats: list[dict] = []
+        self._select_gen: torch.Generator | None = None
+
+    def random_stream(self) -> torch.Generator:
+        """The random floor's draws: the run's ``"select"`` stream, one generator for the whole run."""
+        if self._select_gen is None:
+            self._select_gen = torch.Generator().manual_seed(derive_seed("select"))
+        return self._select_gen
 
     def prepare(self, model) -> None:
         super().prepare(model)
@@ -261,6 +227,9 @@ def _sale_attention(module, query, key, value, attention_mask=None, scaling=None
     mask, k_s = sale_block_mask(query, key, tau, cfg, scaling)
     if method.attn_implementation == "sale_pooled":
         mask = pooled_block_mask(query, key, pooled_keep_counts(mask, N, cfg), cfg).to(query.device)
+    elif method.attn_implementation == "sale_random":
+        n_keep = pooled_keep_counts(mask, N, cfg)
+        mask = random_block_mask(mask, N, n_keep, cfg, method.random_stream()).to(query.device)
     t1 = time.perf_counter()
     out = block_sparse_attention(
         query, k_s, value, mask, cfg.block_q, cfg.block_k, causal=True, sm_scale=scaling, impl=cfg.impl
