@@ -136,6 +136,7 @@ def test_summary_reads_complexity_off_the_frontier():  # §7.6 on rows
     assert s["log2_C_025"] == 4.0 and s["log2_C_050"] == pytest.approx(math.log2(80))
     # not reached: censored (inf, never a stand-in length to average) and reached_090 = 0
     assert s["log2_C_090"] == math.inf and s["reached_090"] == 0.0 and s["max_perf"] == 0.5
+    assert T.complexity_text(rows, (0.25, 0.9)) == "C(0.25) = 16 bits, C(0.90) not reached"
     pre = [T._row("online", "n=5", 800, 0.5)]
     assert T.reductions({"pretrained": pre, "posttrained": rows})["R_pretrained_to_posttrained"] == 10.0
     assert rows[1]["bits_total"] == rows[1]["bits_script"] + 16 == T.script_bits("icl") + 16

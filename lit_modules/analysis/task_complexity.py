@@ -880,6 +880,15 @@ class TaskComplexity(L.LightningModule):
         self.groups_done = int(checkpoint.get("task_complexity_groups_done", 0))
 
 
+def complexity_text(rows: Sequence[dict], deltas: Sequence[float], bits: str = "bits_payload") -> str:
+    """``C(δ) = <bits>`` for each target, ``not reached`` where no point reaches it (censored: no length)."""
+    pts = [(float(r[bits]), float(r["perf"])) for r in rows]
+    return ", ".join(
+        f"C({d:.2f}) = {c:.0f} bits" if math.isfinite(c) else f"C({d:.2f}) not reached"
+        for d, c in ((d, TC.complexity(pts, d)) for d in deltas)
+    )
+
+
 # ---- card report hook -------------------------------------------------------------------------------------------------
 def report(result, out_dir: Path):
     """The frontiers of the states of each backbone for each seed (one figure), and the reductions R per seed (the
@@ -889,9 +898,9 @@ def report(result, out_dir: Path):
     from litlab.lit_modules.core.results import ReportExtras
 
     by_seed: dict[tuple[str, int], dict[str, list]] = {}
-    counted: dict[
-        str, str
-    ] = {}  # backbone -> the bits its runs counted (task_complexity.json's bits_counted)
+    # backbone -> the bits its runs counted (task_complexity.json's bits_counted) and their targets
+    counted: dict[str, str] = {}
+    deltas: dict[str, list[float]] = {}
     for run in result.runs.values():
         for sr in run.runs:
             f = Path(sr.run_dir) / "task_complexity.json"
@@ -899,6 +908,7 @@ def report(result, out_dir: Path):
                 d = json.loads(f.read_text())
                 by_seed.setdefault((d.get("backbone", "tiny_gpt"), sr.seed), {})[d["state"]] = d["rows"]
                 counted[d.get("backbone", "tiny_gpt")] = d.get("bits_counted", "bits_payload")
+                deltas[d.get("backbone", "tiny_gpt")] = d.get("deltas", [])
     figures, lines, numbers = [], ["### Frontiers\n\n"], {}
     for (backbone, seed), fr in sorted(by_seed.items()):
         fr = {s: fr[s] for s in STATES if s in fr}
@@ -917,6 +927,6 @@ def report(result, out_dir: Path):
                 f"{r[bits]}" + (f" ({r['bits_payload']} payload)" if bits != "bits_payload" else "")
                 for r in rows
             )
-            lines.append(f"- {state}: {pts}\n")
+            lines.append(f"- {state}: {pts}; {complexity_text(rows, deltas[backbone], bits)}\n")
         lines.append("\n")
     return ReportExtras(figures=figures, markdown="".join(lines), numbers=numbers)
