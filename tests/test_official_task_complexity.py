@@ -10,8 +10,9 @@ b5a5bd60496094a93597807fbe8b417b345c9994, run once on CPU on seeded inputs store
   ``compute_pareto_frontier``'s corner points, C(δ) = the fewest bits among points with performance >= δ) on 50 random
   point sets of 30 points (distinct totals, continuous performance: no ties).
 
-``smoothing_eps=0`` (ours before issue 30) and payload-only frontiers (``count_script_bits=False``, the card's
-metric) differ, as the last two tests show.
+``smoothing_eps=0`` (ours before issue 30) and payload-only frontiers (``count_script_bits=False``, the module's
+default; the card counts the scripts since issue 34, with ``plan.charge_first_token=False``: the released coder's free
+first token) differ, as the last two tests show.
 """
 
 from __future__ import annotations
