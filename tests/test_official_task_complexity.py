@@ -83,3 +83,40 @@ def test_payload_only_is_the_default_and_counting_scripts_moves_complexity():
     payload = T.summarize(rows, (0.5,))
     counted = T.summarize(T.with_released_script_bits(rows), (0.5,), bits="bits_total")
     assert counted["log2_C_050"] > payload["log2_C_050"]
+
+
+class _GoldenModel(torch.nn.Module):
+    """Next-token logits = the stored distributions (row j: token j + 1) of one golden sequence."""
+
+    block_size = 64
+
+    def __init__(self, probs: torch.Tensor):
+        super().__init__()
+        self.log_probs = probs.double().log()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.log_probs[: x.shape[1]][None]
+
+
+class _GoldenTokens:
+    """A tokenizer whose every text is one golden token sequence."""
+
+    def __init__(self, tokens: torch.Tensor, vocab: int):
+        self.tokens, self.vocab_size = tokens.long(), vocab
+
+    def encode(self, text: str) -> torch.Tensor:
+        return self.tokens
+
+    def decode(self, ids) -> str:
+        return ""
+
+
+def test_the_module_icl_coder_without_the_first_token_charge_equals_the_released_coder():
+    """Issue 34: through the module's own ICL path (``prompt_bits``: the model's log-softmax, the released smoothing)
+    our bits equal the released ``encode_single`` once our first-token charge is off, and exceed it by exactly
+    ``ceil(log2 V)`` with it on."""
+    vocab = int(GOLDEN["vocab"])
+    for probs, tokens, want in zip(GOLDEN["probs"], GOLDEN["tokens"], GOLDEN["icl_bits"].tolist()):
+        model, tokenizer = _GoldenModel(probs), _GoldenTokens(tokens, vocab)
+        assert T.prompt_bits(model, "x", tokenizer, charge_first_token=False) == want
+        assert T.prompt_bits(model, "x", tokenizer) == want + T.first_token_bits(tokenizer) == want + 7
