@@ -826,6 +826,13 @@ def report(result, out_dir):
         xlabel="task loss L_T (math)", ylabel="broad loss L_B (docstrings)", title=f"seed {result.seeds[0]}"
     )
     ax[1].set(xlabel="drift ||θ - θ0||", ylabel="L_B", title="drift paradox")
+    # the unlearning floor's broad loss runs off to ~30 nats: the axes show the other runs' range
+    kept = [
+        p["L_B"] for r in by_seed[result.seeds[0]] if r.get("rehearsal", 0.0) >= 0 for p in r["trajectory"]
+    ]
+    if kept:
+        for a in ax:
+            a.set_ylim(min(kept) - 0.1, max(kept) + 0.3)
     ax[0].invert_xaxis()
     ax[0].legend(fontsize=7)
     fig.tight_layout()
