@@ -62,6 +62,11 @@ STATUSES = ("reproduced", "not reproduced", "inconclusive", "not testable at thi
 Values = Mapping[str, Mapping[str, Mapping[int, float]]]
 
 
+# The effect of the paper's size in a censored claim's reach fractions: the method reaches the target on every seed
+# where the other side reaches it on none (a paper effect in the metric's units cannot be read off fractions).
+REACH_PAPER_EFFECT = 1.0
+
+
 @dataclass(frozen=True)
 class Comparison:
     """The method's improvement over one compared run, over seeds."""
@@ -135,8 +140,18 @@ class ClaimResult:
     @property
     def sensitivity(self) -> str:
         """Why a headline cannot decide (empty when it can): its MDE or its seeds against the paper's effect."""
+        if not self.headline:
+            return ""
+        for c in self.comparisons:
+            if c.reach and c.method_mean == 0 and c.against_mean == 0:
+                return f"neither side reaches the target on any seed (vs {c.against}): nothing to compare"
+            if c.reach and c.mde > REACH_PAPER_EFFECT:
+                return (
+                    f"the reach fractions' interval half-width {c.mde:.4g} > {REACH_PAPER_EFFECT:g} (vs "
+                    f"{c.against}): it cannot tell every seed reaching from none"
+                )
         mde = self.mde
-        if not self.headline or mde is None or self.paper_effect is None:
+        if mde is None or self.paper_effect is None:
             return ""
         if not math.isfinite(mde):
             return "fewer than 2 seeds: no interval"
@@ -199,59 +214,36 @@ def paired_interval(differences: list[float], level: float = 0.95):
     return diff, diff - half, diff + half
 
 
-def _reach_comparison(
-    card: Card, method: Mapping[int, float], against_ref: Ref, against: Mapping[int, float]
-) -> Comparison:
-    """A censored claim's comparison: the fraction of seeds whose value is finite (reached), method minus against."""
-    reached = {s: float(math.isfinite(v)) for s, v in method.items()}
-    other = {s: float(math.isfinite(v)) for s, v in against.items()}
-    xs, ys = list(reached.values()), list(other.values())
-    common = [s for s in reached if s in other]
-    paired = card.pairing == "seed"
-    if paired:
-        diff, low, high = paired_interval([reached[s] - other[s] for s in common])
-    else:
-        diff, low, high = welch_interval(xs, ys, 1.0)
-    return Comparison(
-        against=str(against_ref),
-        method_mean=statistics.fmean(xs),
-        method_std=statistics.stdev(xs) if len(xs) > 1 else 0.0,
-        against_mean=statistics.fmean(ys),
-        against_std=statistics.stdev(ys) if len(ys) > 1 else 0.0,
-        n_method=len(xs),
-        n_against=len(ys),
-        diff=diff,
-        ci_low=low,
-        ci_high=high,
-        margin=0.0,
-        paired=paired,
-        n_pairs=len(common),
-        reach=True,
-    )
-
-
 def compare(
     card: Card, claim: Claim, method: Mapping[int, float], against_ref: Ref, against: Mapping[int, float]
 ) -> Comparison:
     assert claim.method is not None
     sign = 1.0 if card.mode(claim.method.metric) == "max" else -1.0
-    xs, ys = list(method.values()), list(against.values())
-    if not all(math.isfinite(v) for v in (*xs, *ys)):
+    reach = not all(math.isfinite(v) for v in (*method.values(), *against.values()))
+    if reach:
         if not claim.censored:
             raise CardError(
-                f"claim {claim.id!r}: {claim.method} or {against_ref} has a non-finite value ({xs} vs {ys}); a "
-                "metric that is infinite when a target is not reached needs 'censored: true'"
+                f"claim {claim.id!r}: {claim.method} or {against_ref} has a non-finite value "
+                f"({list(method.values())} vs {list(against.values())}); a metric that is infinite when a target "
+                "is not reached needs 'censored: true'"
             )
         if claim.kind == "parity":
             raise CardError(f"claim {claim.id!r}: a censored parity claim has a seed not reached")
-        return _reach_comparison(card, method, against_ref, against)
+        # a censored seed is never averaged: compare the fractions of seeds that reach (1 = finite), more is better
+        method = {s: float(math.isfinite(v)) for s, v in method.items()}
+        against = {s: float(math.isfinite(v)) for s, v in against.items()}
+        sign = 1.0
+    xs, ys = list(method.values()), list(against.values())
     paired = card.pairing == "seed"
     common = [s for s in method if s in against]
     if paired:
         diff, low, high = paired_interval([sign * (method[s] - against[s]) for s in common])
     else:
         diff, low, high = welch_interval(xs, ys, sign)
-    margin = claim.margin if claim.margin_rel is None else claim.margin_rel * abs(statistics.fmean(ys))
+    if reach:
+        margin = 0.0
+    else:
+        margin = claim.margin if claim.margin_rel is None else claim.margin_rel * abs(statistics.fmean(ys))
     return Comparison(
         against=str(against_ref),
         method_mean=statistics.fmean(xs),
@@ -267,6 +259,7 @@ def compare(
         paired=paired,
         n_pairs=len(common),
         parity=claim.kind == "parity",
+        reach=reach,
     )
 
 

@@ -1,6 +1,7 @@
 """The reproduction harness on a tiny card: runs, reuse, claims and their statistics, the falsifiability
 check, status, recording, and card validation."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -589,6 +590,14 @@ def test_a_censored_claim_compares_the_fraction_of_seeds_that_reach(tmp_path):
         and mixed.comparisons[0].diff == 0.0
         and "reached on 67% vs 67% of seeds" in mixed.reason
     )
+    # a failing headline on reach fractions is judged only where the interval could tell every seed from none,
+    # and never where neither side reaches: that is no evidence against the method
+    assert "cannot tell every seed reaching from none" in mixed.sensitivity
+    neither = judged([inf, inf, inf], [inf, inf, inf])
+    assert not neither.holds and "neither side reaches the target on any seed" in neither.sensitivity
+    control = dataclasses.replace(every, id="control", headline=False, control=True)
+    assert card_status([neither, control])[0] == "inconclusive"
+    assert card_status([dataclasses.replace(never, verdict="fail"), control])[0] == "not reproduced"
     plain = load_card(write_card(tmp_path, TINY_CARD))
     with pytest.raises(CardError, match="censored: true"):
         evaluate_claim(
