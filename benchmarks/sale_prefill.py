@@ -11,7 +11,10 @@ the Triton kernels on CUDA (``--device cuda``). ``--smollm2``: also the whole-mo
 prompt (``--smollm2-len`` tokens, official 64x32 blocks, tau 0.1), interleaved: dense as the project's ``sdpa`` runs
 it (Hugging Face's SDPA attention), dense through SALE's hook (torch SDPA with ``is_causal``), and SALE.
 
-    litlab bench sale_prefill [--lengths 4096 8192 16384] [--tau 0.01] [--threads 1] [--smollm2] [--json out.json]
+    litlab bench sale_prefill [--lengths 4096 8192 16384 32768] [--tau 0.1] [--threads 1] [--smollm2] [--json out.json]
+
+The default tau is the card's (``seeds/sale.yaml``: SALE at tau 0.1, the method of every accuracy claim); the
+timings before 2026-12-06 were at tau 0.01.
 
 Times are process CPU seconds on the CPU (load from other processes on a shared machine does not stretch them as
 it stretches wall time; run with ``--threads 1`` there), wall seconds on CUDA; the SmolLM2 part also records wall
@@ -125,7 +128,7 @@ def attention_timing(
     return r
 
 
-def smollm2_prefill_timing(length: int = 2048, tau: float = 0.1, reps: int = 2, seed: int = 0) -> dict:
+def smollm2_prefill_timing(length: int = 2048, tau: float = 0.1, reps: int = 2) -> dict:
     """Whole-model prefill of one SmolLM2-135M prompt (~``length`` tokens): dense SDPA vs SALE (official blocks,
     every layer), interleaved, after one warm-up prefill each."""
     from litlab.datamodules.long_context import LongContextDataModule
@@ -134,8 +137,8 @@ def smollm2_prefill_timing(length: int = 2048, tau: float = 0.1, reps: int = 2, 
     from litlab.lit_modules.longctx.sale import SALEMethod
 
     model, _ = load_frozen_lm(FrozenLM("smollm2"))
-    dm = LongContextDataModule(vocab="smollm2", lengths=[length], num_prompts=1, filler="corpus", seed=seed)
-    it = dm.prompts("val")[0]
+    dm = LongContextDataModule(vocab="smollm2", lengths=[length], num_prompts=1, needle="secret_number")
+    it = dm.prompts("val")[0]  # the prompt of the run seed (PL_GLOBAL_SEED, else 0)
     ids = torch.cat([it["context_ids"], it["query_ids"]])[None]
     methods = {
         "dense": SALEMethod("sdpa"),  # the project's dense run (attn: sdpa): Hugging Face's SDPA attention
@@ -181,8 +184,8 @@ def machine() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="litlab bench sale_prefill", description=__doc__.split("\n")[0])
-    p.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384])
-    p.add_argument("--tau", type=float, default=0.01)
+    p.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
+    p.add_argument("--tau", type=float, default=0.1, help="SALE's threshold (default: the card's)")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -222,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     if args.smollm2:
-        s = smollm2_prefill_timing(args.smollm2_len)
+        s = smollm2_prefill_timing(args.smollm2_len, args.tau)
         record["smollm2"] = s
         print(
             f"\nSmolLM2-135M, one {s['tokens']}-token prompt, whole prefill: dense (HF sdpa) "

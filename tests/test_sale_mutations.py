@@ -45,3 +45,20 @@ def test_density_exceeds_half_when_the_estimate_skips_its_scales(measure, monkey
     monkeypatch.setattr(sale, "smooth_quantize", _codes_without_scales)
     broken = measure()
     assert broken > BOUND, broken  # the broken estimate keeps (nearly) every block: skips_blocks fails
+
+
+def test_skips_blocks_2k_fails_when_the_estimate_skips_its_scales(monkeypatch):
+    """The medium scale's ``skips_blocks_2k`` (``sale_2k:val/density <= 0.5``): configs/sale/medium.yaml's
+    geometry (the official 64x32 blocks, local 128, segment 128, quant_mode 2; the runs select with the int8 CPU
+    kernel, whose masks match this reference's up to fp32 rounding) on the synthetic inputs at 2048 tokens, one head."""
+    medium = sale.SALEConfig(quant_mode=2, impl="reference")  # the int8 path's mask, without its compile
+    q, k, _ = (t[None] for t in sale.sink_needle_inputs(H=1, N=2048))
+
+    def density() -> float:
+        return sale.block_density(sale.sale_block_mask(q, k, TAU, medium)[0], 2048, 64, 32)
+
+    real = density()
+    assert real <= BOUND, real
+    monkeypatch.setattr(sale, "smooth_quantize", _codes_without_scales)
+    broken = density()
+    assert broken > BOUND, broken
