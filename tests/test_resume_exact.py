@@ -182,6 +182,10 @@ def _config(config: Path, where: Path, ckpt_dirs: list[Path], spec: dict, kill: 
     """The quick config plus the checkpoint callbacks the scenarios need (and the kill), as a file of the same
     folder name (the run's experiment) under ``where``."""
     cfg = yaml.safe_load(config.read_text())
+    # a section given as a file beside the config (data: ../continual/...) is inlined: the copy lives elsewhere
+    for key, value in cfg.items():
+        if key in ("model", "data") and isinstance(value, str):
+            cfg[key] = yaml.safe_load((config.parent / value).read_text())
     mid_step = spec.get("mid_step")
     callbacks = list(cfg["trainer"].get("callbacks") or [])
     for cb in callbacks:
