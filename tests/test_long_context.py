@@ -286,6 +286,9 @@ def test_report_hooks_read_a_card_result(tmp_path):
     )
     extras = density_report(card({"dense": {"val/acc": 1.0}, "sale": {"val/acc": 1.0, "val/density": 0.4}}))
     assert extras.numbers["dense_density"] == 1.0 and extras.numbers["sale_density"] == 0.4
+    # a sparse run with measure_error off logged no output error: none is derived (the dense run's is 0 by definition)
+    assert extras.numbers["dense_out_err"] == 0.0 and "sale_out_err" not in extras.numbers
+    assert "| sale | 1.000 | 0.400 | not measured |" in extras.markdown
     assert not any(k.startswith("cpu_") for k in extras.numbers)  # timing is `litlab bench sale_prefill`
 
 

@@ -103,15 +103,18 @@ def acc_vs_cr_report(result: CardResult, out_dir: Path) -> ReportExtras:
 
 def density_report(result: CardResult) -> ReportExtras:
     """SALE: accuracy, block density and attention output error of every run (dense runs log no density: 1.0,
-    error 0.0). CPU timing is a benchmark, not part of the card: ``litlab bench sale_prefill``."""
+    error 0.0; a sparse run with ``measure_error`` off logs no error and gets none). CPU timing is a benchmark, not
+    part of the card: ``litlab bench sale_prefill``."""
     numbers: dict[str, float] = {}
     lines = ["| run | acc | density | attn out rel err |", "|---|---|---|---|"]
     for name, m in run_metrics(result).items():
         numbers[f"{name}_acc"] = m.get("val/acc", NAN)
         numbers[f"{name}_density"] = m.get("val/density", 1.0)
-        numbers[f"{name}_out_err"] = m.get("val/attn_out_rel_err", 0.0)
+        if "val/attn_out_rel_err" in m or "val/density" not in m:
+            numbers[f"{name}_out_err"] = m.get("val/attn_out_rel_err", 0.0)
+        err = numbers.get(f"{name}_out_err")
         lines.append(
             f"| {name} | {numbers[f'{name}_acc']:.3f} | {numbers[f'{name}_density']:.3f} | "
-            f"{numbers[f'{name}_out_err']:.4f} |"
+            f"{'not measured' if err is None else f'{err:.4f}'} |"
         )
     return ReportExtras(markdown="\n".join(lines), numbers=numbers)
