@@ -13,14 +13,21 @@ only in how the middle blocks are ranked:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from litlab.kernels.block_select import reserved_blocks
 
-if TYPE_CHECKING:
-    from litlab.lit_modules.longctx.sale import SALEConfig
+
+class SALEConfig(Protocol):
+    """What the baselines read of the method's config (``sale.SALEConfig``), named here so that this harness
+    module does not import the method module that imports it."""
+
+    block_q: int
+    block_k: int
+
+    def blocks(self) -> dict[str, int]: ...
 
 
 def reserved_only_mask(mask_like: torch.Tensor, N: int, cfg: SALEConfig) -> torch.Tensor:
