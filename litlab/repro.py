@@ -622,7 +622,10 @@ def record_into_card(card: Card, res: CardResult, command: str) -> None:
                 block.pop(key, None)
         for name in res.runs:
             results[name]["from"] = f"{res.date}: {command} ({res.wall_time_s} s)"
-    derived = {**(earlier.get("derived") or {}), **{k: round(v, 6) for k, v in res.extras.numbers.items()}}
+    # a partial invocation keeps the derived numbers of the runs it did not measure; a full one writes only its own
+    # (a number the report hook no longer derives does not linger in the card)
+    kept = (earlier.get("derived") or {}) if earlier and not default_runs <= set(res.runs) else {}
+    derived = {**kept, **{k: round(v, 6) for k, v in res.extras.numbers.items()}}
     if derived:
         block["derived"] = derived
     write_recorded(card, judged_block(card, block, keep_hash=False))
