@@ -212,6 +212,13 @@ def test_report_hook_adds_figures_sections_and_derived_claims(tmp_path, monkeypa
     ratio = card.recorded["derived"]["plus_over_lora"]
     assert 0 < ratio < 0.5 and card.recorded["claims"]["ratio_small"]["value"] == round(ratio, 6)
     assert card.recorded["claims"]["lora_beats_zero"]["verdict"] == "skipped"  # zero not run
+    # a partial invocation keeps derived numbers it did not give; a full one writes only what the hook gives now
+    assert "derived: {plus_over_lora:" in path.read_text()
+    path.write_text(path.read_text().replace("derived: {", "derived: {gone_from_the_hook: 1.0, ", 1))
+    assert repro_main(args) == 0
+    assert load_card(path).recorded["derived"]["gone_from_the_hook"] == 1.0
+    assert repro_main([a for a in args if a not in ("--only", "lora,plus")]) == 0
+    assert set(load_card(path).recorded["derived"]) == {"plus_over_lora"}
     bad = write_card(tmp_path, TINY_CARD + "report_hook: tests.test_repro\n", "bad.yaml")
     with pytest.raises(CardError, match="report_hook must be"):
         load_card(bad)
