@@ -94,6 +94,35 @@ def test_spectral_norm_bounds_every_layer_and_the_potential():
     assert ratio.max().item() <= bound
 
 
+@pytest.mark.parametrize("prior_init", ["orthogonal", "released"])
+def test_both_prior_inits_converge_to_unit_sigma_and_bound_the_potential(prior_init):
+    """Transcription-free (the spectral-norm argument, not either code): whichever init, the power iteration's
+    sigma converges, so every layer of prior and predictor ends with spectral norm 1 (orthogonal: exact from the
+    start; released: from above, as the estimate grows toward the true sigma), and the potential's slope is at most
+    (1/sqrt(m)) (prod ||W_f|| + prod ||W_prior||) (Huber's derivative is bounded by 1 per output)."""
+    torch.manual_seed(0)
+    net = RandomPriorPotential(8, prior_seed=1, prior_init=prior_init)
+    nets = (net.predictor, net.prior)
+    x = torch.randn(32, 8)
+
+    def layer_norms():
+        return [[torch.linalg.matrix_norm(m.weight.detach(), 2).item() for m in _linears(n)] for n in nets]
+
+    start = max(max(n) for n in layer_norms())
+    for _ in range(300):  # training-mode forwards, one power iteration each
+        net.potential(x)
+    net.eval()  # fixed power-iteration state while measuring
+    norms = layer_norms()
+    assert max(max(n) for n in norms) <= min(start, 1.0) + 2e-3
+    assert min(min(n) for n in norms) >= 1.0 - 1e-4
+    bound = (math.prod(norms[0]) + math.prod(norms[1])) / math.sqrt(net.out_dim)
+    a, b = torch.randn(5000, 8), torch.randn(5000, 8)
+    b[:2500] = a[:2500] + 1e-2 * torch.randn(2500, 8)  # near pairs too
+    with torch.no_grad():
+        ratio = (net.potential(a) - net.potential(b)).abs().squeeze(-1) / (a - b).norm(dim=-1)
+    assert 0 < ratio.max().item() <= bound
+
+
 def test_orthogonal_init_before_spectral_norm():
     torch.manual_seed(0)
     net = RandomPriorPotential(10, hidden=(128, 128, 128), out_dim=64)
