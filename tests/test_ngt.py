@@ -12,7 +12,14 @@ import torch
 from scipy.stats import norm
 
 from litlab.lit_modules.rl.nets import mlp
-from litlab.lit_modules.rl.ngt import NGT, RewardModel, SACSettings, Schedule
+from litlab.lit_modules.rl.ngt import (
+    NGT,
+    RewardModel,
+    SACSettings,
+    Schedule,
+    sac_temperature,
+    sac_temperature_loss,
+)
 from litlab.lit_modules.rl.random_prior import (
     RandomPriorPotential,
     RewardShaper,
@@ -121,6 +128,28 @@ def test_both_prior_inits_converge_to_unit_sigma_and_bound_the_potential(prior_i
     with torch.no_grad():
         ratio = (net.potential(a) - net.potential(b)).abs().squeeze(-1) / (a - b).norm(dim=-1)
     assert 0 < ratio.max().item() <= bound
+
+
+@pytest.mark.parametrize("temperature", ["softplus", "exp"])
+def test_both_temperatures_steer_the_entropy_toward_its_target(temperature):
+    """Transcription-free (SAC's dual step on alpha, not either code): alpha > 0; a gradient step raises it where
+    the policy's entropy -E[log pi] is below the target, lowers it where above, and leaves it where equal."""
+    torch.manual_seed(0)
+    target = -1.0
+    for entropy, direction in ((-2.0, 1), (0.5, -1), (target, 0)):
+        theta = torch.nn.Parameter(torch.tensor(-0.3))
+        noise = 0.1 * torch.randn(64)
+        logp = noise - noise.mean() - entropy  # mean exactly -entropy
+        before = float(sac_temperature(theta, temperature).detach())
+        sac_temperature_loss(theta, logp, target, temperature).backward()
+        with torch.no_grad():
+            theta -= 0.1 * theta.grad
+        after = float(sac_temperature(theta, temperature).detach())
+        assert before > 0 and after > 0
+        if direction == 0:
+            assert abs(after - before) < 1e-6
+        else:
+            assert (after - before) * direction > 1e-4, (entropy, before, after)
 
 
 def test_orthogonal_init_before_spectral_norm():
