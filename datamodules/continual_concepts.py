@@ -204,11 +204,13 @@ class ContinualConceptDataModule(L.LightningDataModule):
         concept_names: list[str] | None = None,
         class_words: list[str] | None = None,
         heldout_images: int = 1,
+        concept_order: list[int] | None = None,
     ):
         super().__init__()
         if data_root is None and not 1 <= num_concepts <= MAX_CONCEPTS:
             raise ValueError(f"num_concepts must be in 1..{MAX_CONCEPTS}, got {num_concepts}")
         self.num_concepts = num_concepts
+        self.concept_order = check_concept_order(concept_order, num_concepts)  # the procedural world's
         self.images_per_concept = images_per_concept
         self.image_size = image_size
         self.steps_per_task = steps_per_task
@@ -315,7 +317,7 @@ class ContinualConceptDataModule(L.LightningDataModule):
     def concept(self, t: int) -> dict:
         if self.data_root is not None:
             return {"name": self.concept_names[t], "token": f"<V{t}>", "class_word": self.class_words[t]}
-        shape, pattern, c1, c2 = CONCEPTS[t]
+        shape, pattern, c1, c2 = CONCEPTS[self.concept_order[t]]
         return {
             "shape": shape,
             "pattern": pattern,
@@ -340,7 +342,7 @@ class ContinualConceptDataModule(L.LightningDataModule):
         return self._token_id(c["token"]), self._token_id(c["class_word"])
 
     def _render_concept(self, t: int, n: int, gen: torch.Generator) -> Tensor:
-        shape, pattern, c1, c2 = CONCEPTS[t]
+        shape, pattern, c1, c2 = CONCEPTS[self.concept_order[t]]
         idx = torch.full((n,), SHAPES.index(shape), dtype=torch.long)
         col1 = torch.tensor(COLOURS[c1]).expand(n, 3)
         col2 = torch.tensor(COLOURS[c2]).expand(n, 3)
@@ -462,6 +464,23 @@ class ContinualConceptDataModule(L.LightningDataModule):
         else:
             ids = self._tokenize([self.concept_prompt(t)]).expand(len(idx), -1).clone()
         return DataLoader(TensorDataset(x[idx], ids), batch_size=self.batch_size, shuffle=False)
+
+
+def check_concept_order(order: list[int] | None, num_concepts: int) -> list[int]:
+    """Task t's entry of ``CONCEPTS`` (default: entry t); distinct entries, one per task."""
+    if order is None:
+        return list(range(num_concepts))
+    order = list(order)
+    if (
+        len(order) < num_concepts
+        or len(set(order)) != len(order)
+        or not all(0 <= i < MAX_CONCEPTS for i in order)
+    ):
+        raise ValueError(
+            f"concept_order must name at least num_concepts = {num_concepts} distinct entries of CONCEPTS "
+            f"(0..{MAX_CONCEPTS - 1}), got {order}"
+        )
+    return order[:num_concepts]
 
 
 def default_class_word(concept_name: str) -> str:

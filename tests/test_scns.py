@@ -407,6 +407,22 @@ def test_data_streams_follow_the_run_seed(monkeypatch):
     assert set(ledger["components"]) == {"data", "data.order", "prompts"} and ledger["run_seed"] == 0
 
 
+def test_concept_order_picks_each_tasks_concept_and_names_a_bad_order():
+    """``concept_order`` maps task t to an entry of CONCEPTS (token <V_t>, that entry's shape as class word);
+    the default is entry t; a repeated or out-of-range entry is refused, naming the order."""
+    from litlab.datamodules.continual_concepts import CONCEPTS, ContinualConceptDataModule
+
+    dm = ContinualConceptDataModule(num_concepts=3, concept_order=[0, 7, 1])
+    assert [dm.concept_prompt(t) for t in range(3)] == ["a <V0> circle", "a <V1> circle", "a <V2> square"]
+    assert dm.concept(1)["pattern"] == CONCEPTS[7][1]
+    default = ContinualConceptDataModule(num_concepts=2)
+    assert [dm.concept(t)["shape"] for t in range(2)] == [CONCEPTS[0][0], CONCEPTS[7][0]]
+    assert [default.concept(t)["shape"] for t in range(2)] == [CONCEPTS[0][0], CONCEPTS[1][0]]
+    for bad in ([0, 0, 1], [0, 1, 99], [0, 1]):
+        with pytest.raises(ValueError, match=str(bad).replace("[", r"\[").replace("]", r"\]")):
+            ContinualConceptDataModule(num_concepts=3, concept_order=bad)
+
+
 def test_contract_declares_every_datamodule_member_the_family_reads():
     """Every ``dm.<member>`` that a file of the diffusion family reads is a member of its contract's Protocols
     (no DataModule member read around the contract)."""

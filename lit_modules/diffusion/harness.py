@@ -41,8 +41,9 @@ them. ``sampling.guidance`` w != 1 samples with classifier-free guidance against
 SD1.5 was trained with it; the quick-scale base was not, so its default is 1: no guidance).
 
 Randomness, by name from the run's seed (``core.seeding.derive_seed``): "backbone" (the quick-scale base's
-pre-training), "eval" (the noise of the base-preservation loss), "samples" (the sample grids); the DataModule
-draws the data, the Trainer's seed the training noise.
+pre-training; ``backbone_seed`` pins it, so that every run seed tunes one base and the seeds vary the stream
+alone), "eval" (the noise of the base-preservation loss), "samples" (the sample grids); the DataModule draws the
+data, the Trainer's seed the training noise.
 
 Two bases, one loop: without ``pretrained_path`` the quick-scale ``ddpm.TinyT2I`` (pixel space, fixed word-level
 vocabulary, pre-trained here on the DataModule's base world); with it, ``ddpm.LatentT2I`` loaded from a
@@ -117,6 +118,7 @@ class ContinualNeuronTuning(L.LightningModule):
         eval_batch: int = 128,
         full_matrix: bool = False,
         sampling: SamplingConfig = SamplingConfig(),  # noqa: B008
+        backbone_seed: int | None = None,
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -156,7 +158,9 @@ class ContinualNeuronTuning(L.LightningModule):
                     f"the concept folder {dm.data_root} needs a pretrained text-to-image base: set "
                     "model.init_args.pretrained_path (the tiny base is pre-trained on the procedural world only)"
                 )
-            self.model = pretrained_tiny_t2i(self.base_cfg, dm, derive_seed("backbone"))
+            # backbone_seed set: one base for every run seed (the ledger records the stream as pinned)
+            backbone = derive_seed("backbone", fixed=self.hparams.backbone_seed)
+            self.model = pretrained_tiny_t2i(self.base_cfg, dm, backbone)
         else:  # the latent base: its tokenizer learns the concept tokens and tokenises the DataModule's prompts
             self.model.add_concept_tokens(dm.concept_tokens())
             dm.use_tokenizer(self.model.tokenize, self.model.token_id)

@@ -141,6 +141,7 @@ class SCNS(ContinualNeuronTuning):
         eval_batch: int = 128,
         full_matrix: bool = False,
         sampling: SamplingConfig = SamplingConfig(),  # noqa: B008
+        backbone_seed: int | None = None,
     ):
         super().__init__(
             base=base,
@@ -152,6 +153,7 @@ class SCNS(ContinualNeuronTuning):
             eval_batch=eval_batch,
             full_matrix=full_matrix,
             sampling=sampling,
+            backbone_seed=backbone_seed,
         )
         self.save_hyperparameters()
         self.sel = as_config(SelectionConfig, select, "select")
