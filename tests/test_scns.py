@@ -423,6 +423,41 @@ def test_concept_order_picks_each_tasks_concept_and_names_a_bad_order():
             ContinualConceptDataModule(num_concepts=3, concept_order=bad)
 
 
+def test_backbone_seed_pins_one_base_for_every_run_seed(monkeypatch):
+    """Without ``backbone_seed`` each run seed pre-trains its own base (the "backbone" stream); with it every run
+    seed gets the base of that one stream, and the ledger records it."""
+    from types import SimpleNamespace
+
+    import litlab.lit_modules.diffusion.harness as harness
+    from litlab.datamodules.continual_concepts import ContinualConceptDataModule
+    from litlab.lit_modules.core.seeding import reset_ledger, seed_ledger
+    from litlab.lit_modules.diffusion.scns import SCNS
+
+    class Built(Exception):
+        pass
+
+    def base_seed(run_seed: int, backbone_seed: int | None) -> int:
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(run_seed))
+        reset_ledger(run_seed)
+        seeds = []
+
+        def pretrained(cfg, dm, seed):
+            seeds.append(seed)
+            raise Built
+
+        monkeypatch.setattr(harness, "pretrained_tiny_t2i", pretrained)
+        model = SCNS(backbone_seed=backbone_seed)
+        model._trainer = SimpleNamespace(datamodule=ContinualConceptDataModule(num_concepts=2))
+        with pytest.raises(Built):
+            model.setup("fit")
+        assert seed_ledger()["components"]["backbone"] == seeds[0]
+        return seeds[0]
+
+    assert base_seed(0, None) != base_seed(1, None)
+    assert base_seed(0, 0) == base_seed(1, 0) == 0
+    assert base_seed(0, 5) == 5
+
+
 def test_contract_declares_every_datamodule_member_the_family_reads():
     """Every ``dm.<member>`` that a file of the diffusion family reads is a member of its contract's Protocols
     (no DataModule member read around the contract)."""
