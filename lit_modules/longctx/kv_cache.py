@@ -176,31 +176,19 @@ def _sync(device) -> None:
 
 
 @torch.no_grad()
-def greedy_generate(
+def answer_from_cache(
     model,
-    method: KVMethod,
-    context_ids: torch.Tensor,
+    cache: MethodCache,
+    logits: torch.Tensor,
+    pos: int,
     query_ids: torch.Tensor | None,
     max_new_tokens: int,
     eos_token_id: int | None = None,
-) -> dict:
-    """Prefill ``context_ids`` [1, L] through ``method``, compress, feed ``query_ids`` as one decode call through
-    the compressed cache (the paper's multi-turn setting), then greedy-decode. Returns tokens, timings, metrics."""
-    device = context_ids.device
-    total = context_ids.shape[1] + (0 if query_ids is None else query_ids.shape[1]) + max_new_tokens + 1
-    method.prepare(model)
-    cache = method.make_cache(model, total)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    _sync(device)
-    t0 = time.perf_counter()
-    out = model(input_ids=context_ids, cache=cache, use_cache=True, **{CACHE_KWARG: cache})
-    cache.prompt_len = context_ids.shape[1]
-    method.after_prefill(cache)
-    _sync(device)
-    prefill_s = time.perf_counter() - t0
-    logits = out.logits[:, -1]
-    pos = context_ids.shape[1]
+) -> tuple[list[int], float]:
+    """After a prefill of ``pos`` tokens whose last logits are ``logits``: feed ``query_ids`` as one decode call
+    through ``cache`` (compressed or not), then greedy-decode. Returns the tokens and the decode seconds (the
+    query's call excluded)."""
+    device = logits.device
     if query_ids is not None and query_ids.shape[1] > 0:
         out = model(
             input_ids=query_ids,
@@ -225,13 +213,43 @@ def greedy_generate(
         )
         logits, pos = out.logits[:, -1], pos + 1
     _sync(device)
+    return tokens, time.perf_counter() - t1
+
+
+@torch.no_grad()
+def greedy_generate(
+    model,
+    method: KVMethod,
+    context_ids: torch.Tensor,
+    query_ids: torch.Tensor | None,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+) -> dict:
+    """Prefill ``context_ids`` [1, L] through ``method``, compress, feed ``query_ids`` as one decode call through
+    the compressed cache (the paper's multi-turn setting), then greedy-decode. Returns tokens, timings, metrics."""
+    device = context_ids.device
+    total = context_ids.shape[1] + (0 if query_ids is None else query_ids.shape[1]) + max_new_tokens + 1
+    method.prepare(model)
+    cache = method.make_cache(model, total)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    _sync(device)
+    t0 = time.perf_counter()
+    out = model(input_ids=context_ids, cache=cache, use_cache=True, **{CACHE_KWARG: cache})
+    cache.prompt_len = context_ids.shape[1]
+    method.after_prefill(cache)
+    _sync(device)
+    prefill_s = time.perf_counter() - t0
+    tokens, decode_s = answer_from_cache(
+        model, cache, out.logits[:, -1], context_ids.shape[1], query_ids, max_new_tokens, eos_token_id
+    )
     decode_steps = max(len(tokens) - 1, 1)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else float("nan")
     return {
         "tokens": tokens,
         "first_logits": None,
         "prefill_ms": 1e3 * prefill_s,
-        "decode_ms_per_token": 1e3 * (time.perf_counter() - t1) / decode_steps,
+        "decode_ms_per_token": 1e3 * decode_s / decode_steps,
         "peak_mem_mb": peak,
         "metrics": method.metrics(cache),
         "cache": cache,

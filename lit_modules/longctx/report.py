@@ -9,6 +9,7 @@ card's run names.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,12 @@ def acc_vs_cr_report(result: CardResult, out_dir: Path) -> ReportExtras:
     import matplotlib.pyplot as plt
 
     rows = run_metrics(result)
+    curve = {n: m for n, m in rows.items() if "val/acc_dense" in m}  # the runs of xkv_curve (medium scale)
+    rows = {n: m for n, m in rows.items() if n not in curve}
     kinds: dict[str, dict[str, str | None]] = {}  # model -> {run: kind}
     for name, run in result.runs.items():
+        if name in curve:
+            continue
         args = model_args(run)
         kinds.setdefault((args.get("lm") or {}).get("name", "tiny_passkey_llama"), {})[name] = (
             compression_kind(args)
@@ -89,16 +94,59 @@ def acc_vs_cr_report(result: CardResult, out_dir: Path) -> ReportExtras:
         if dense:
             for kind, cr in best.items():
                 numbers[f"best_cr_within_1pt_{kind}_{model}"] = cr
+    if curve:
+        lines.append("")
+        lines += curve_table(curve, ax, numbers)
     ax.set_xscale("log")
     ax.set_xlabel("compression ratio (dense K+V / stored elements, log scale)")
     ax.set_ylabel("passkey accuracy")
-    ax.set_title("xKV: accuracy vs compression, per model")
+    ax.set_title(
+        "xKV: accuracy vs compression" + (" (curves: one prefill per prompt)" if curve else ", per model")
+    )
     ax.legend(fontsize=6)
     fig.tight_layout()
     path = out_dir / "xkv_acc_vs_cr.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return ReportExtras(figures=[path], markdown="\n".join(lines), numbers=numbers)
+
+
+CURVE_POINT = re.compile(r"^val/(svd|xkv|minicache)(?:_cr([0-9.]+))?_acc$")
+
+
+def curve_table(curve: dict[str, dict[str, float]], ax, numbers: dict[str, float]) -> list[str]:
+    """The xkv_curve runs (several card entries may read one fit): each family's accuracy against its measured
+    CR as a line from the dense point (CR 1), a table, and the derived numbers ``<point>_acc``, ``<point>_cr``,
+    ``<family>_cr_near_dense`` and ``acc_dense`` (means over seeds)."""
+    families: dict[str, list[tuple[float, float, str]]] = {}
+    for m in curve.values():
+        numbers.setdefault("acc_dense", m["val/acc_dense"])
+        for key, acc in m.items():
+            found = CURVE_POINT.match(key)
+            if not found or key.removeprefix("val/") in numbers:  # a fit read by several entries: once
+                continue
+            cr = m[key.removesuffix("_acc") + "_cr"]
+            families.setdefault(found.group(1), []).append((cr, acc, key))
+            numbers[key.removeprefix("val/")] = acc
+            numbers[key.removeprefix("val/").removesuffix("_acc") + "_cr"] = cr
+            near = m.get(f"val/{found.group(1)}_cr_near_dense")
+            if near is not None:
+                numbers[f"{found.group(1)}_cr_near_dense"] = near
+    dense = numbers["acc_dense"]
+    lines = [
+        f"Curves (dense accuracy {dense:.3f}): accuracy at each measured compression ratio; CR near dense = the "
+        "highest CR within one point of dense (1: none).",
+        "",
+        "| family | point | acc | CR | CR near dense |",
+        "|---|---|---|---|---|",
+    ]
+    for family, points in sorted(families.items()):
+        points.sort()
+        ax.plot([1.0, *(p[0] for p in points)], [dense, *(p[1] for p in points)], marker="o", label=family)
+        for cr, acc, key in points:
+            near = numbers.get(f"{family}_cr_near_dense", NAN)
+            lines.append(f"| {family} | {key.removeprefix('val/')} | {acc:.3f} | {cr:.2f} | {near:.2f} |")
+    return lines
 
 
 def density_report(result: CardResult) -> ReportExtras:

@@ -231,12 +231,23 @@ def xkv_sr_attention(module, query, key, value, attention_mask=None, scaling=Non
 
 class XKV(KVMethod):
     """Dense-reconstruction xKV; ``plan.group_size=1`` is the single-layer SVD baseline. ``exact_tail``: the
-    last prompt tokens kept exact (0 here; the tests use it to compare with SR's exact tail)."""
+    last prompt tokens kept exact (0 here; the tests use it to compare with SR's exact tail). ``shared_svd``: one
+    prompt's store of each group's factors at the largest rank asked so far, which methods of several ranks on the
+    same prefilled cache share (a rank-r truncated SVD is the first r components of any larger one)."""
 
     name = "xkv"
 
-    def __init__(self, plan: CompressionPlan = PLAN, exact_tail: int = 0):
-        self.plan, self.exact_tail = plan, exact_tail
+    def __init__(self, plan: CompressionPlan = PLAN, exact_tail: int = 0, shared_svd: dict | None = None):
+        self.plan, self.exact_tail, self.shared_svd = plan, exact_tail, shared_svd
+
+    def _svd(self, x: torch.Tensor, rank: int, key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        store = self.shared_svd
+        if store is None or self.plan.svd_impl != "exact":
+            return truncated_svd(x, rank, self.plan.svd_impl)
+        if key not in store or store[key][0].shape[-1] < min(rank, *x.shape[-2:]):
+            store[key] = truncated_svd(x, rank)
+        a, b = store[key]
+        return a[..., :rank], b[..., :rank, :]
 
     def make_layer(self, layer_idx, n_layers):
         return XKVLayer(layer_idx)
@@ -249,7 +260,7 @@ class XKV(KVMethod):
         h_kv = mats[0].shape[1]
         x = torch.cat([_flat(m.float()) for m in mats], -1)  # [B, L, G*H_kv*d], layer-major then head-major
         rank = self.plan.value_rank if values else self.plan.key_rank
-        a, b = truncated_svd(x, rank, self.plan.svd_impl)
+        a, b = self._svd(x, rank, (tuple(group), values))
         width = x.shape[-1] // len(group)
         blocks = [_heads(b[..., i * width : (i + 1) * width], h_kv) for i in range(len(group))]
         errs = [
