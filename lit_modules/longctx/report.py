@@ -100,9 +100,7 @@ def acc_vs_cr_report(result: CardResult, out_dir: Path) -> ReportExtras:
     ax.set_xscale("log")
     ax.set_xlabel("compression ratio (dense K+V / stored elements, log scale)")
     ax.set_ylabel("passkey accuracy")
-    ax.set_title(
-        "xKV: accuracy vs compression" + (" (curves: one prefill per prompt)" if curve else ", per model")
-    )
+    ax.set_title("xKV: accuracy vs compression" + ("" if curve else ", per model"))
     ax.legend(fontsize=6)
     fig.tight_layout()
     path = out_dir / "xkv_acc_vs_cr.png"
@@ -134,8 +132,8 @@ def curve_table(curve: dict[str, dict[str, float]], ax, numbers: dict[str, float
                 numbers[f"{found.group(1)}_cr_near_dense"] = near
     dense = numbers["acc_dense"]
     lines = [
-        f"Curves (dense accuracy {dense:.3f}): accuracy at each measured compression ratio; CR near dense = the "
-        "highest CR within one point of dense (1: none).",
+        f"Curves, one exact prefill per prompt (dense accuracy {dense:.3f}): accuracy at each measured compression "
+        "ratio; CR near dense = the highest CR within one point of dense (1: none), means over seeds.",
         "",
         "| family | point | acc | CR | CR near dense |",
         "|---|---|---|---|---|",
