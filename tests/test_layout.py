@@ -6,7 +6,8 @@ Layers, top to bottom (docs/adding-a-method.md explains them):
     litlab (CLI: cli, repro, cards, runs, slurm, sweep, data, bench) and benchmarks/
     callbacks, strategies                      Lightning plugins; reach a family through its contract/report
     lit_modules/<family>/<method>.py           one method, one file named by its card's slug (seeds/<slug>.yaml);
-                                               <slug>_full.py, its full-scale loop, is the method's too
+                                               <slug>_full.py, its full-scale loop, and <slug>_curve.py, its
+                                               several-budget evaluation, are the method's too
     lit_modules/<family>/*.py                  the family's harness, contract, report and shared maths
     datamodules                                data; imports only core (errors, HF loading, cache, atomic writes)
     lit_modules/core                           what several families use
@@ -85,7 +86,8 @@ def layer_of(module: str) -> tuple[str, str | None]:
         name = parts[3]
         if name == "contract":
             return "contract", family
-        return ("method" if name.removesuffix("_full") in CARD_SLUGS else "harness"), family
+        stem = name.removesuffix("_full").removesuffix("_curve")
+        return ("method" if stem in CARD_SLUGS else "harness"), family
     if module.startswith(("litlab.callbacks", "litlab.strategies")):
         return "plugin", None
     return "cli", None
