@@ -9,7 +9,9 @@ paper's body was not readable): 16×16 RGB renders in [-1, 1].
 * concepts t = 0..T-1: a base shape with a fixed two-colour pattern (vertical stripes, checker, horizontal
   stripes, half-split, diagonal hatching) never seen in pre-training; ``images_per_concept`` training renders
   with position / size jitter, prompt "a <V_t> {shape}"; a held-out set of ``heldout_per_concept`` fresh renders
-  with a fixed ``(tau, eps)`` grid for the held-out denoising loss.
+  with a fixed ``(tau, eps)`` grid for the held-out denoising loss. ``concept_order`` says which entry of
+  ``CONCEPTS`` task t draws (default entry t); an order that repeats a shape makes the stream conflict with itself
+  (a second circle under the class word "circle").
 
 Rendering is vectorised over images (masks from one coordinate grid). Randomness comes from the run's seed by
 name (``core.seeding.derive_seed``): the renders, the held-out split and noise and the base-preservation set from
