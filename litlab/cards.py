@@ -559,6 +559,13 @@ def _parse_claim(where: str, i: int, raw: Any, runs: dict[str, RunSpec], card_me
                 f"{' or '.join(CONTROL_LOW_ROLES)} runs; got {claim.method.run} ({high}) against "
                 + ", ".join(f"{n} ({r})" for n, r in low.items())
             )
+    if claim.headline or claim.control:
+        optional = [r for r in claim.runs() if runs[r].optional]
+        if optional:  # a default `litlab repro <slug>` would leave the card's verdict 'not run'
+            raise CardError(
+                f"{at}: a headline or positive control reads optional run(s) {optional}; "
+                "the runs that decide a card's status run by default (remove 'optional: true')"
+            )
     for run in claim.runs():
         missing = set(scales) - set(runs[run].scales)
         if missing and "scales" in raw:

@@ -671,6 +671,20 @@ def test_optional_runs_need_all_and_their_claims_are_skipped(tmp_path):
     assert "--only lokra" in rec["results"]["lokra"]["from"] and rec["status"] == "reproduced"
 
 
+def test_a_headline_or_control_on_an_optional_run_is_refused(tmp_path):
+    # a default `litlab repro <slug>` skips optional runs, so a claim that decides the status must not read one
+    card = TINY_CARD.replace("claims:\n", OPTIONAL_RUN, 1)
+    headline = card.replace("against: [lora]", "against: [lora, lokra]")
+    with pytest.raises(CardError, match=r"headline or positive control reads optional run\(s\) \['lokra'\]"):
+        load_card(write_card(tmp_path, headline, name="headline.yaml"))
+    control = card.replace("role: ablation", "role: floor").replace(
+        "against: [zero]", "against: [zero, lokra]"
+    )
+    with pytest.raises(CardError, match=r"optional run\(s\) \['lokra'\]"):
+        load_card(write_card(tmp_path, control, name="control.yaml"))
+    load_card(write_card(tmp_path, card + OPTIONAL_CLAIM, name="secondary.yaml"))  # a secondary claim may
+
+
 def test_jobs_run_in_worker_processes_with_the_same_numbers(tmp_path):
     card = load_card(write_card(tmp_path))
     # 6 fits on 2 long-lived workers: each worker fits more than one run, one after another
