@@ -355,3 +355,27 @@ def test_report_finds_the_lm_probe_by_what_it_wrote_not_by_its_card_name(tmp_pat
     assert 0.9 < extras.numbers["smol_min_spearman"] <= 1.0
     assert (tmp_path / "out" / "csplora_smollm2_saliency.png").is_file()
     assert report(result({"uniform_r1": toy_run}), tmp_path / "out2").numbers == {}
+
+
+# ---- the oracle plan (issue 33's positive control: rank placed where the toy's shift is) ---------------------
+def test_oracle_ranks_fill_from_the_input_side_and_spend_the_budget():
+    from litlab.lit_modules.peft.csplora import input_side_first_ranks
+
+    names = [f"m{i}" for i in range(17)]
+    assert list(input_side_first_ranks(names, 17, r_max=4).values()) == [4, 4, 4, 4, 1] + [0] * 12
+    ranks = input_side_first_ranks(names, 34, r_max=8, r_min=1)
+    assert list(ranks.values()) == [8, 8, 4] + [1] * 14 and sum(ranks.values()) == 34
+    with pytest.raises(ValueError, match="budget 70 cannot be spent on 17 modules"):
+        input_side_first_ranks(names, 70, r_max=4)
+
+
+def test_oracle_fit_gives_the_input_side_the_whole_budget(tmp_path, monkeypatch):
+    from litlab.__main__ import main
+
+    monkeypatch.setenv("LITLAB_CACHE", str(tmp_path / "cache"))
+    runs = tmp_path / "runs"
+    assert main(["fit", *TINY, f"--runs_dir={runs}", "--model.init_args.plan=oracle", "--run_id=oracle"]) == 0
+    ranks = json.loads((runs / "csplora" / "oracle" / "ranks.json").read_text())["ranks"]
+    assert sum(ranks.values()) == len(ranks) == 17  # r_base 1: R_tot = L
+    assert ranks["embed"] == 4 and sum(r for n, r in ranks.items() if n.startswith("blocks.0.")) == 13
+    assert not any(r for n, r in ranks.items() if n.startswith(("blocks.1.", "blocks.2.", "blocks.3.")))

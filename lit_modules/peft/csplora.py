@@ -11,6 +11,9 @@ fc2`` of 4 blocks: L = 17 modules in 5 families), with the plans the card compar
     no_smooth / no_calib / raw    the planner without one or both of stage 2's steps (Appendix B ablations)
     inverted   the csplora ranks given to the modules in reversed order (the spec's control: rank moved to
                the output side, away from the shift)
+    oracle     no probe: r_max to each module from the input side on (embed, then block 0, ...) until R_tot is
+               spent, i.e. the rank placed where the toy's shift is by construction (a positive control of
+               issue 33, ours: the paper has no oracle)
 
 Every plan spends R_tot = L·r_base (r_min = 0 at r_base = 1, 1 at r_base = 2, r_max = 4 r_base) with α fixed at
 2·r_base, so each module's scale is α / r_l (PEFT's ``rank_pattern`` semantics, as in the official code).
@@ -60,7 +63,7 @@ from litlab.lit_modules.core.results import CardResult, ReportExtras, RunResult
 from litlab.lit_modules.core.seeding import derive_seed
 from litlab.lit_modules.peft.contract import CalibrationText, PlanningData
 
-Plan = Literal["uniform", "csplora", "no_smooth", "no_calib", "raw", "inverted"]
+Plan = Literal["uniform", "csplora", "no_smooth", "no_calib", "raw", "inverted", "oracle"]
 TARGETS = ("embed", "qkv", "proj", "fc1", "fc2")
 
 
@@ -139,6 +142,18 @@ def pretrained_token_vit(base: TokenViTBase, x: Tensor, y: Tensor, n_classes: in
     vit = train_and_cache("csplora_token_vit", args, seed, build, train, threads=1)
     vit.head = nn.Identity()
     return vit.requires_grad_(False)
+
+
+def input_side_first_ranks(names: list[str], budget: int, r_max: int, r_min: int = 0) -> dict[str, int]:
+    """The oracle plan: every module gets ``r_min``, then the rest of ``budget`` goes ``r_max`` at a time to the
+    modules in model order (``names`` lists them input side first), so the whole budget is spent."""
+    if budget < r_min * len(names) or budget > r_max * len(names):
+        raise ValueError(f"budget {budget} cannot be spent on {len(names)} modules within [{r_min}, {r_max}]")
+    ranks, left = {}, budget - r_min * len(names)
+    for name in names:
+        extra = min(r_max - r_min, left)
+        ranks[name], left = r_min + extra, left - extra
+    return ranks
 
 
 class CSPLoRAClassifier(L.LightningModule):
@@ -270,10 +285,12 @@ class CSPLoRAClassifier(L.LightningModule):
         hp = self.hparams
         if self.plan_kind == "uniform":
             return {n: hp.r_base for n in names}
+        r_max = self.planner_cfg.r_max_factor * hp.r_base
+        if self.plan_kind == "oracle":
+            return input_side_first_ranks(names, budget=len(names) * hp.r_base, r_max=r_max, r_min=hp.r_min)
         plan = plan_or_probe(hp.rank_plan, names, lambda: self.probe(names, dm))
         self.rank_plan_artefact = plan
         variant = "csplora" if self.plan_kind == "inverted" else self.plan_kind
-        r_max = self.planner_cfg.r_max_factor * hp.r_base
         ranks = plan.ranks(
             hp.r_base, hp.r_min, r_max, variant=variant, adaptive_rho=self.planner_cfg.adaptive_rho
         )
