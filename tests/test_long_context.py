@@ -290,6 +290,11 @@ def test_report_hooks_read_a_card_result(tmp_path):
     assert extras.numbers["dense_out_err"] == 0.0 and "sale_out_err" not in extras.numbers
     assert "| sale | 1.000 | 0.400 | not measured |" in extras.markdown
     assert not any(k.startswith("cpu_") for k in extras.numbers)  # timing is `litlab bench sale_prefill`
+    assert not extras.figures  # no folder given: no figure
+    timing_only = {"val/prefill_ms": 3.0, "val/acc": float("nan")}
+    runs = {"dense": {"val/acc": 1.0}, "sale": {"val/acc": 0.9, "val/density": 0.4}, "ms": timing_only}
+    extras = density_report(card(runs), tmp_path)
+    assert extras.figures == [tmp_path / "sale_acc_vs_density.png"] and extras.figures[0].stat().st_size > 0
 
 
 def test_sale_prefill_benchmark_prints_a_table(capsys):

@@ -147,10 +147,11 @@ def curve_table(curve: dict[str, dict[str, float]], ax, numbers: dict[str, float
     return lines
 
 
-def density_report(result: CardResult) -> ReportExtras:
+def density_report(result: CardResult, out_dir: Path | None = None) -> ReportExtras:
     """SALE: accuracy, block density and attention output error of every run (dense runs log no density: 1.0,
-    error 0.0; a sparse run with ``measure_error`` off logs no error and gets none). CPU timing is a benchmark, not
-    part of the card: ``litlab bench sale_prefill``."""
+    error 0.0; a sparse run with ``measure_error`` off logs no error and gets none), and with ``out_dir`` the figure
+    accuracy against density (``sale_acc_vs_density.png``: one point per run, mean over seeds). CPU timing is a
+    benchmark, not part of the card: ``litlab bench sale_prefill``."""
     numbers: dict[str, float] = {}
     lines = ["| run | acc | density | attn out rel err |", "|---|---|---|---|"]
     for name, m in run_metrics(result).items():
@@ -163,4 +164,30 @@ def density_report(result: CardResult) -> ReportExtras:
             f"| {name} | {numbers[f'{name}_acc']:.3f} | {numbers[f'{name}_density']:.3f} | "
             f"{'not measured' if err is None else f'{err:.4f}'} |"
         )
-    return ReportExtras(markdown="\n".join(lines), numbers=numbers)
+    figures = [] if out_dir is None else [acc_vs_density_figure(numbers, out_dir)]
+    return ReportExtras(markdown="\n".join(lines), figures=figures, numbers=numbers)
+
+
+def acc_vs_density_figure(numbers: dict[str, float], out_dir: Path) -> Path:
+    """Every run's accuracy against the fraction of attention blocks it computed (dense: 1), labelled by run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for key, acc in numbers.items():
+        if not key.endswith("_acc") or acc != acc:  # NaN: the run logged no accuracy (a timing-only run)
+            continue
+        name = key.removesuffix("_acc")
+        density = numbers[f"{name}_density"]
+        ax.scatter(density, acc, s=14)
+        ax.annotate(name, (density, acc), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    ax.set_xlabel("block density (fraction of attention blocks computed)")
+    ax.set_ylabel("accuracy")
+    ax.set_title("SALE: accuracy vs density")
+    fig.tight_layout()
+    path = out_dir / "sale_acc_vs_density.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

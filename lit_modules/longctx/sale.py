@@ -371,5 +371,6 @@ class SALEPrefillModule(LongContextEval):
 
 
 def report(result: CardResult, out_dir: Path) -> ReportExtras:
-    """Card hook: density / output error / accuracy of every run (CPU timing: ``litlab bench sale_prefill``)."""
-    return density_report(result)
+    """Card hook: density / output error / accuracy of every run, and the accuracy-vs-density figure (CPU timing:
+    ``litlab bench sale_prefill``)."""
+    return density_report(result, out_dir)
