@@ -144,6 +144,19 @@ def test_reductions_constrained_is_iql_and_tau_one_is_origin_split():
     assert torch.allclose(loss, hand, atol=1e-6)
 
 
+def test_relaxed_ceiling_is_the_sac_actor_loss_on_every_sample():
+    from litlab.lit_modules.rl.sac import actor_loss_per_sample
+
+    model, batch, online = _module_and_batch(mask_mode="relaxed")
+    mask, stats = model.sample_mask(batch, online)
+    assert torch.equal(mask, torch.zeros(len(online))) and stats == {}
+    torch.manual_seed(5)
+    loss = model.actor_loss(batch, mask)
+    torch.manual_seed(5)
+    rel, _ = actor_loss_per_sample(model.actor, model.critic, batch["obs"], 0.2)
+    assert torch.allclose(loss, rel.mean(), atol=1e-6)
+
+
 def test_awr_term_gives_no_gradient_through_relaxed_rows():
     model, batch, online = _module_and_batch()
     mask = (~online).float()

@@ -16,7 +16,9 @@ and the posterior "exchanges" behaviour-inconsistent offline samples into the re
 behaviour-consistent online samples into the constrained one (``exchange``).
 
 The baselines are the same objective with another mask: ``mask_mode="constrained"`` (m ≡ 1) is IQL-O2O,
-``mask_mode="origin"`` (m = origin, i.e. τ_x = 1) is the binary offline/online split.
+``mask_mode="origin"`` (m = origin, i.e. τ_x = 1) is the binary offline/online split, and
+``mask_mode="relaxed"`` (m ≡ 0: every sample, offline or online, takes the SAC-style actor loss on the same IQL
+critic) is an unconstrained ceiling: what policy improvement from the same data reaches with no constraint.
 
 Reconstructed (the paper's method section could not be read): the Gaussian-KL reading of the alignment score,
 the exchange threshold and its guards, the value of α_ent, the warm-up rule. Not implemented here: the Cal-QL
@@ -175,7 +177,7 @@ class DARE(RLModule):
     def __init__(
         self,
         base_algo: Literal["iql"] = "iql",
-        mask_mode: Literal["dare", "constrained", "origin"] = "dare",
+        mask_mode: Literal["dare", "constrained", "origin", "relaxed"] = "dare",
         offline_steps: int = 1_000_000,
         online_steps: int = 250_000,
         networks: Networks = NETWORKS,
@@ -188,7 +190,7 @@ class DARE(RLModule):
         obs_dim: int | None = None,
         act_dim: int | None = None,
     ):
-        """``mask_mode`` picks DARE or one of its two baselines; ``offline_steps``: Stage A, IQL gradient steps
+        """``mask_mode`` picks DARE, one of its two baselines or the unconstrained ceiling; ``offline_steps``: Stage A, IQL gradient steps
         on the offline data (the behaviour model is fitted alongside); ``online_steps``: Stage B, env steps,
         each with one gradient step on a mixed batch; ``log_every``: iterations between training logs; ``steps_per_batch``: iterations (env steps online, each with its updates) per
         ``training_step`` (``RLModule.training_step``; the numbers do not depend on it); ``obs_dim``/``act_dim``
@@ -261,6 +263,8 @@ class DARE(RLModule):
             return torch.ones(len(online), device=online.device), {}
         if hp.mask_mode == "origin":
             return (~online).float(), {}
+        if hp.mask_mode == "relaxed":
+            return torch.zeros(len(online), device=online.device), {}
         obs, act = batch["obs"], batch["act"]
         ref = self.behavior.sample(obs, rx.align_k)  # step 4
         log_prob = self.behavior.log_prob(obs, act) if rx.align_mode == "nll" else None
