@@ -63,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -220,6 +221,17 @@ class Determinism:
     # metrics that time the machine (a prefill latency): recorded and reported, never compared for drift, since
     # no tolerance covers another machine's load or clock
     wall_clock: tuple[str, ...] = ()
+    # metric -> its own absolute tolerance, where one metric's measured drift is of another size than the rest
+    # (a x100 score beside a 0-1 return): one card-wide atol set by the largest would mark every verdict on the
+    # small ones fragile
+    metric_atol: Mapping[str, float] = field(default_factory=dict)
+
+    def atol_for(self, metric: str) -> float:
+        return self.metric_atol.get(metric, self.atol)
+
+    def describe(self) -> str:
+        own = "".join(f", {m} {a:g}" for m, a in sorted(self.metric_atol.items()))
+        return f"atol {self.atol:g}{own}, rtol {self.rtol:g}"
 
 
 @dataclass(frozen=True)
@@ -687,13 +699,28 @@ def load_card(path: str | Path, check_preregistration: bool = True) -> Card:
             f"{MIN_QUICK_SEEDS} distinct seeds"
         )
     det_raw = raw.get("determinism") or {}
-    if not isinstance(det_raw, dict) or set(det_raw) - {"atol", "rtol", "wall_clock"}:
+    if not isinstance(det_raw, dict) or set(det_raw) - {"atol", "rtol", "wall_clock", "metric_atol"}:
         raise CardError(
-            f"{where}: determinism must be {{atol: x, rtol: y, wall_clock: [metric, ...]}}, got {det_raw!r}"
+            f"{where}: determinism must be {{atol: x, rtol: y, wall_clock: [metric, ...], metric_atol: "
+            f"{{metric: x}}}}, got {det_raw!r}"
         )
     wall_clock = det_raw.get("wall_clock") or []
     if not isinstance(wall_clock, list) or not all(isinstance(m, str) and m for m in wall_clock):
         raise CardError(f"{where}: determinism.wall_clock must be a list of metric names, got {wall_clock!r}")
+    metric_atol = det_raw.get("metric_atol") or {}
+    if not isinstance(metric_atol, dict) or not all(
+        isinstance(m, str) and isinstance(a, (int, float)) and not isinstance(a, bool) and a >= 0
+        for m, a in metric_atol.items()
+    ):
+        raise CardError(
+            f"{where}: determinism.metric_atol must map metric names to tolerances >= 0, got {metric_atol!r}"
+        )
+    unlisted = sorted(set(metric_atol) - set(metrics) - {metric.name})
+    if unlisted:
+        raise CardError(
+            f"{where}: determinism.metric_atol names {unlisted}, which no claim reads and the card's metrics "
+            f"do not list"
+        )
     card = Card(
         slug=path.stem,
         title=str(raw["title"]),
@@ -707,7 +734,9 @@ def load_card(path: str | Path, check_preregistration: bool = True) -> Card:
         pairing=raw["pairing"],
         amendments=_parse_amendments(where, raw.get("amendments")),
         determinism=Determinism(
-            **{k: float(v) for k, v in det_raw.items() if k != "wall_clock"}, wall_clock=tuple(wall_clock)
+            **{k: float(v) for k, v in det_raw.items() if k not in ("wall_clock", "metric_atol")},
+            wall_clock=tuple(wall_clock),
+            metric_atol={m: float(a) for m, a in metric_atol.items()},
         ),
         recorded=dict(raw.get("recorded") or {}),
         paper_numbers=str(raw.get("paper_numbers", "")),

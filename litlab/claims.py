@@ -493,14 +493,17 @@ def judge_recorded(card: Card, scale: str | None = None, has_cuda: bool = False)
 
 def mismatches(card: Card, scale: str, measured: Values) -> list[str]:
     """Per-seed differences from the recorded numbers beyond the card's determinism tolerance."""
-    atol, rtol = card.determinism.atol, card.determinism.rtol
+    tol = card.determinism
     out = []
     for name, by_metric in recorded_values(card, scale).items():
         for metric, per_seed in by_metric.items():
-            if metric in card.determinism.wall_clock:
+            if metric in tol.wall_clock:
                 continue
+            atol = tol.atol_for(metric)
             for seed, value in ((measured.get(name) or {}).get(metric) or {}).items():
-                if seed in per_seed and not math.isclose(value, per_seed[seed], abs_tol=atol, rel_tol=rtol):
+                if seed in per_seed and not math.isclose(
+                    value, per_seed[seed], abs_tol=atol, rel_tol=tol.rtol
+                ):
                     out.append(
                         f"{name} {metric} seed {seed}: measured {value:.6g}, recorded {per_seed[seed]:.6g}"
                     )
@@ -524,13 +527,13 @@ class Drift:
 def drift(card: Card, scale: str, measured: Values) -> list[Drift]:
     """Per run, the re-measured numbers against the recorded ones, under the card's determinism tolerance
     (``--check-recorded`` prints it: a user tells machine drift from a regression)."""
-    atol, rtol = card.determinism.atol, card.determinism.rtol
+    tol = card.determinism
     out = []
     for name, by_metric in recorded_values(card, scale).items():
         pairs = [
-            (value, per_seed[seed])
+            (value, per_seed[seed], tol.atol_for(metric))
             for metric, per_seed in by_metric.items()
-            if metric not in card.determinism.wall_clock
+            if metric not in tol.wall_clock
             for seed, value in ((measured.get(name) or {}).get(metric) or {}).items()
             if seed in per_seed
         ]
@@ -539,8 +542,10 @@ def drift(card: Card, scale: str, measured: Values) -> list[Drift]:
                 Drift(
                     run=name,
                     compared=len(pairs),
-                    max_abs=max(0.0 if a == b else abs(a - b) for a, b in pairs),  # inf == inf: 0
-                    beyond=sum(not math.isclose(a, b, abs_tol=atol, rel_tol=rtol) for a, b in pairs),
+                    max_abs=max(0.0 if a == b else abs(a - b) for a, b, _ in pairs),  # inf == inf: 0
+                    beyond=sum(
+                        not math.isclose(a, b, abs_tol=atol, rel_tol=tol.rtol) for a, b, atol in pairs
+                    ),
                 )
             )
     return out
@@ -565,24 +570,26 @@ def fragile(
     a mechanism value towards or away from its target). Such a verdict depends on the machine."""
     if not result.judged:
         return False
-    atol, rtol = card.determinism.atol, card.determinism.rtol
+    tol = card.determinism
+    rtol = tol.rtol
     for sign in (1.0, -1.0):
         if claim.kind == "mechanism":
             if claim.value.startswith("derived."):
                 key = claim.value.removeprefix("derived.")
+                atol = tol.atol_for(claim.value)
                 moved_derived = {**derived, key: derived[key] + sign * (atol + rtol * abs(derived[key]))}
                 moved = evaluate_claim(card, claim, values, moved_derived)
             else:
                 assert claim.value_ref is not None
-                moved = evaluate_claim(
-                    card, claim, _shifted(values, {claim.value_ref: sign * atol}, rtol), derived
-                )
+                shift = sign * tol.atol_for(claim.value_ref.metric)
+                moved = evaluate_claim(card, claim, _shifted(values, {claim.value_ref: shift}, rtol), derived)
         else:
             assert claim.method is not None
             up = 1.0 if card.mode(claim.method.metric) == "max" else -1.0
-            shifts = {claim.method: sign * up * atol}
+            shifts = {claim.method: sign * up * tol.atol_for(claim.method.metric)}
             for ref in claim.against:
-                shifts[ref] = -sign * (1.0 if card.mode(ref.metric) == "max" else -1.0) * atol
+                down = 1.0 if card.mode(ref.metric) == "max" else -1.0
+                shifts[ref] = -sign * down * tol.atol_for(ref.metric)
             moved = evaluate_claim(card, claim, _shifted(values, shifts, rtol), derived)
         if moved.verdict != result.verdict:
             return True
@@ -605,7 +612,7 @@ def card_verdict(card: Card, results: list[ClaimResult], scale: str) -> tuple[st
     if shaky:
         reason += (
             f"; fragile: {', '.join(shaky)} flips within the card's determinism tolerance "
-            f"(atol {card.determinism.atol:g}), so another machine may judge it otherwise"
+            f"({card.determinism.describe()}), so another machine may judge it otherwise"
         )
     if status == "not testable at this scale":
         elsewhere = [c for c in card.headlines if scale not in c.scales]

@@ -704,7 +704,7 @@ def print_plan(
 def print_drift(card: Card, res: CardResult) -> None:
     """Per run: how far its numbers moved from the recorded ones, and whether within the card's tolerance."""
     tol = card.determinism
-    print(f"\nagainst the recorded numbers (determinism: atol {tol.atol:g}, rtol {tol.rtol:g}):")
+    print(f"\nagainst the recorded numbers (determinism: {tol.describe()}):")
     if tol.wall_clock:
         print(f"  not compared (wall-clock timings, machine-dependent): {', '.join(tol.wall_clock)}")
     for d in drift(card, res.scale, measured_values(res)):

@@ -121,7 +121,7 @@ def read_rerun(card: Card, repro_dir: Path) -> Rerun | None:
         detail = (
             f"{compared} values compared, max |re-run − recorded| {worst:.3g}, "
             + ("all within" if matched else f"{beyond} beyond")
-            + f" the card's tolerance (atol {tol.atol:g}, rtol {tol.rtol:g})"
+            + f" the card's tolerance ({tol.describe()})"
         )
     names = [Path(f).name for f in res.get("figures") or []] + [f"{card.slug}_{scale}.png"]
     figures = [repro_dir / n for n in dict.fromkeys(names) if (repro_dir / n).is_file()]

@@ -14,8 +14,11 @@ from litlab.claims import (
     ClaimResult,
     Comparison,
     card_status,
+    drift,
     evaluate_claim,
+    judge_recorded,
     load_checked_card,
+    mismatches,
     paired_interval,
     refutations,
     welch_interval,
@@ -274,6 +277,39 @@ def test_check_recorded_compares_every_seed_with_the_determinism_tolerance(tmp_p
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(CardError, match="determinism.wall_clock must be a list"):
         load_card(path)
+
+
+def test_a_metric_can_carry_its_own_determinism_tolerance(tmp_path):
+    """One card-wide atol, set by the metric that drifts most (a x100 score), would mark every verdict on a 0-1
+    metric fragile and let it drift unchecked; ``metric_atol`` gives that metric its own measured tolerance,
+    used by ``--check-recorded`` (mismatches, drift) and by the fragility test alike."""
+    path = write_card(tmp_path)
+    record_values(path, VALUES)
+
+    def with_tolerance(det):
+        data = yaml.safe_load(path.read_text())
+        data["determinism"] = det
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return load_card(path)
+
+    card = with_tolerance({"atol": 0.5})
+    fragile = {r.id: r.fragile for r in judge_recorded(card)}
+    assert fragile["plus_beats_lora"] and not fragile["plus_is_full_rank"]  # 0.82 apart, shifted 0.5 each way
+    card = with_tolerance({"atol": 0.5, "metric_atol": {"val/rel_err": 0.01, "val/delta_rank": 60}})
+    fragile = {r.id: r.fragile for r in judge_recorded(card)}
+    assert not fragile["plus_beats_lora"] and fragile["plus_is_full_rank"]  # 64 - 60 is not > 8
+    assert "val/delta_rank 60" in card.determinism.describe()
+    moved = {run: {m: dict(v) for m, v in ms.items()} for run, ms in VALUES.items()}
+    moved["plus"]["val/delta_rank"][0] += 30.0  # within its own 60
+    assert mismatches(card, "quick", moved) == []
+    moved["plus"]["val/rel_err"][1] += 0.02  # within the card-wide 0.5, beyond its own 0.01
+    (problem,) = mismatches(card, "quick", moved)
+    assert problem.startswith("plus val/rel_err seed 1")
+    assert {d.run: d.beyond for d in drift(card, "quick", moved)}["plus"] == 1
+    with pytest.raises(CardError, match="metric_atol names \\['val/nope'\\]"):
+        with_tolerance({"atol": 0.5, "metric_atol": {"val/nope": 1.0}})
+    with pytest.raises(CardError, match="metric_atol must map metric names to tolerances >= 0"):
+        with_tolerance({"atol": 0.5, "metric_atol": {"val/rel_err": -1.0}})
 
 
 BEATS_FLOOR = """  - id: plus_beats_zero
