@@ -63,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,6 +229,10 @@ class Determinism:
 
     def atol_for(self, metric: str) -> float:
         return self.metric_atol.get(metric, self.atol)
+
+    def matches(self, metric: str, measured: float, recorded: float) -> bool:
+        """Whether a re-measured value of ``metric`` lands within the tolerance of its recorded one."""
+        return math.isclose(measured, recorded, abs_tol=self.atol_for(metric), rel_tol=self.rtol)
 
     def describe(self) -> str:
         own = "".join(f", {m} {a:g}" for m, a in sorted(self.metric_atol.items()))

@@ -499,11 +499,8 @@ def mismatches(card: Card, scale: str, measured: Values) -> list[str]:
         for metric, per_seed in by_metric.items():
             if metric in tol.wall_clock:
                 continue
-            atol = tol.atol_for(metric)
             for seed, value in ((measured.get(name) or {}).get(metric) or {}).items():
-                if seed in per_seed and not math.isclose(
-                    value, per_seed[seed], abs_tol=atol, rel_tol=tol.rtol
-                ):
+                if seed in per_seed and not tol.matches(metric, value, per_seed[seed]):
                     out.append(
                         f"{name} {metric} seed {seed}: measured {value:.6g}, recorded {per_seed[seed]:.6g}"
                     )
@@ -531,7 +528,7 @@ def drift(card: Card, scale: str, measured: Values) -> list[Drift]:
     out = []
     for name, by_metric in recorded_values(card, scale).items():
         pairs = [
-            (value, per_seed[seed], tol.atol_for(metric))
+            (metric, value, per_seed[seed])
             for metric, per_seed in by_metric.items()
             if metric not in tol.wall_clock
             for seed, value in ((measured.get(name) or {}).get(metric) or {}).items()
@@ -542,10 +539,8 @@ def drift(card: Card, scale: str, measured: Values) -> list[Drift]:
                 Drift(
                     run=name,
                     compared=len(pairs),
-                    max_abs=max(0.0 if a == b else abs(a - b) for a, b, _ in pairs),  # inf == inf: 0
-                    beyond=sum(
-                        not math.isclose(a, b, abs_tol=atol, rel_tol=tol.rtol) for a, b, atol in pairs
-                    ),
+                    max_abs=max(0.0 if a == b else abs(a - b) for _, a, b in pairs),  # inf == inf: 0
+                    beyond=sum(not tol.matches(m, a, b) for m, a, b in pairs),
                 )
             )
     return out
@@ -576,8 +571,8 @@ def fragile(
         if claim.kind == "mechanism":
             if claim.value.startswith("derived."):
                 key = claim.value.removeprefix("derived.")
-                atol = tol.atol_for(claim.value)
-                moved_derived = {**derived, key: derived[key] + sign * (atol + rtol * abs(derived[key]))}
+                # a derived number is no metric: metric_atol cannot name it, the card-wide atol applies
+                moved_derived = {**derived, key: derived[key] + sign * (tol.atol + rtol * abs(derived[key]))}
                 moved = evaluate_claim(card, claim, values, moved_derived)
             else:
                 assert claim.value_ref is not None
