@@ -86,7 +86,7 @@ def layer_of(module: str) -> tuple[str, str | None]:
         name = parts[3]
         if name == "contract":
             return "contract", family
-        stem = name.removesuffix("_full").removesuffix("_curve")
+        stem = name.removesuffix("_full").removesuffix("_curve").removesuffix("_medium")
         return ("method" if stem in CARD_SLUGS else "harness"), family
     if module.startswith(("litlab.callbacks", "litlab.strategies")):
         return "plugin", None

@@ -144,6 +144,34 @@ def pretrained_token_vit(base: TokenViTBase, x: Tensor, y: Tensor, n_classes: in
     return vit.requires_grad_(False)
 
 
+@torch.no_grad()
+def _frozen_features(backbone: TinyViT, x: Tensor) -> Tensor:
+    return backbone.forward_features(x)
+
+
+def frozen_token_vit_and_head(
+    dm: PlanningData, base: TokenViTBase, warmup_steps: int, warmup_lr: float, owner: str
+) -> tuple[TinyViT, int, nn.Linear]:
+    """The frozen backbone (the run seed's ``"backbone"`` stream) and a linear head on its features, warmed up by
+    ``warmup_steps`` of full-batch Adam at ``warmup_lr`` (its init from the ``"init"`` stream), not from the global
+    random stream. Shared by the LoRA classifiers on this task (CSPLoRA's plans, LoKRA's medium scale)."""
+    dm.setup("fit")
+    check_protocol(dm, PlanningData, owner)
+    bx, by = dm.pretrain_set()
+    backbone_seed = derive_seed("backbone")
+    backbone = pretrained_token_vit(base, bx, by, int(by.max()) + 1, seed=backbone_seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(derive_seed("init"))
+        head = nn.Linear(base.width, dm.num_classes)
+        feats = _frozen_features(backbone, dm.train_x)
+        opt = torch.optim.Adam(head.parameters(), lr=warmup_lr)
+        for _ in range(warmup_steps):  # confidences then mean something when probing
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(head(feats), dm.train_y).backward()
+            opt.step()
+    return backbone, backbone_seed, head
+
+
 def input_side_first_ranks(names: list[str], budget: int, r_max: int, r_min: int = 0) -> dict[str, int]:
     """The oracle plan: every module gets ``r_min``, then the rest of ``budget`` goes ``r_max`` at a time to the
     modules in model order (``names`` lists them input side first), so the whole budget is spent."""
@@ -192,17 +220,10 @@ class CSPLoRAClassifier(L.LightningModule):
         drawn from the run seed's ``"backbone"`` and ``"init"`` streams, not from the global random stream."""
         if self.backbone is not None:
             return
-        dm.setup("fit")
-        check_protocol(dm, PlanningData, type(self).__name__)
-        bx, by = dm.pretrain_set()
-        self.backbone_seed = derive_seed("backbone")
-        self.backbone = pretrained_token_vit(
-            self.base_cfg, bx, by, int(by.max()) + 1, seed=self.backbone_seed
+        hp = self.hparams
+        self.backbone, self.backbone_seed, self.head = frozen_token_vit_and_head(
+            dm, self.base_cfg, hp.head_warmup_steps, hp.head_warmup_lr, type(self).__name__
         )
-        with torch.random.fork_rng():
-            torch.manual_seed(derive_seed("init"))
-            self.head = nn.Linear(self.base_cfg.width, dm.num_classes)
-            self._warm_up_head(dm.train_x, dm.train_y)
         self.val_acc = torchmetrics.classification.MulticlassAccuracy(
             num_classes=dm.num_classes, average="micro"
         )
@@ -231,19 +252,6 @@ class CSPLoRAClassifier(L.LightningModule):
 
     def _linears(self, names: list[str]) -> dict[str, nn.Module]:
         return {n: self.backbone.get_submodule(n) for n in names}
-
-    @torch.no_grad()
-    def _features(self, x: Tensor) -> Tensor:
-        return self.backbone.forward_features(x)
-
-    def _warm_up_head(self, x: Tensor, y: Tensor) -> None:
-        """A linear head on frozen features, full-batch Adam: confidences then mean something when probing."""
-        feats = self._features(x)
-        opt = torch.optim.Adam(self.head.parameters(), lr=self.hparams.head_warmup_lr)
-        for _ in range(self.hparams.head_warmup_steps):
-            opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(self.head(feats), y).backward()
-            opt.step()
 
     def probe(self, names: list[str], dm: PlanningData) -> RankPlan:
         """Stage 1 on ``probe_batches`` random training batches (the run seed's ``"probe"`` stream); the plan
