@@ -200,7 +200,7 @@ def test_full_config_stand_in_fits_checkpoints_resumes_and_evaluates(stand_in, t
 def test_the_smollm2_route_shares_the_hf_loop_without_padding(stand_in):
     """The SmolLM2 route (LMTextRegressionDataModule's fixed-width diabetes prompts, no mask, digit RAFT) runs through
     the same Hugging Face functions, here on the stand-in's tiny Qwen3: the grid scored through the KV cache equals
-    every candidate's full teacher-forced sequence (1e-4), and the losses reach only P, e_REG and the head."""
+    every candidate's full teacher-forced sequence (1e-4 + 1e-6 relative), and the losses reach only P, e_REG and the head."""
     from test_spr_raft import grid_from_full_sequences
 
     from litlab.datamodules.text_regression import LMTextRegressionDataModule
@@ -213,7 +213,8 @@ def test_the_smollm2_route_shares_the_hf_loop_without_padding(stand_in):
     model.setup("fit")
     ids = dm.tensors["test"].tensors[0][:3]
     got = model.predict_all(ids)
-    torch.testing.assert_close(got["grid"], grid_from_full_sequences(model, ids), atol=1e-4, rtol=0)
+    # rtol: the grid's values reach ~200, and an AVX2 CPU's float32 sums differ there by 1.4e-4 (6.8e-7 relative)
+    torch.testing.assert_close(got["grid"], grid_from_full_sequences(model, ids), atol=1e-4, rtol=1e-6)
     batch = dict(zip(("ids", "y", "z"), dm.tensors["train"][:4]))
     losses = model.losses(batch)
     assert sorted(losses) == ["ce", "raft", "reg"] and all(torch.isfinite(v) for v in losses.values())
