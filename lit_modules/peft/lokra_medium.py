@@ -28,7 +28,8 @@ from litlab.lit_modules.peft.contract import PlanningData
 from litlab.lit_modules.peft.csplora import TARGETS, TOKEN_VIT, TokenViTBase, frozen_token_vit_and_head
 from litlab.lit_modules.peft.lokra import PENALTY, AdapterPlan, KruskalPenalty, Mode, _LoKRABase
 
-CLASSIFIER_ADAPTER = AdapterPlan(rank=2, alpha=4.0, targets=TARGETS)
+# the medium card's design: r = 4, alpha = 2r (seeds/lokra.yaml, amendment of 2026-12-07)
+CLASSIFIER_ADAPTER = AdapterPlan(rank=4, alpha=8.0, targets=TARGETS)
 
 
 class LoKRAClassifier(_LoKRABase):
