@@ -213,6 +213,47 @@ def test_report_ratios_are_taken_seed_by_seed(tmp_path):
     assert not any("local" in k for k in numbers)  # DiLoCo is not a per-step-synchronising baseline
 
 
+def test_report_tabulates_the_lowrank_ddp_lr_sweep(tmp_path):
+    """The baseline's learning-rate sweep: one row per (projector refresh, lr) read from each run folder's
+    config.yaml, mean over seeds, the lowest per refresh period marked best; LoRDO runs are not in it."""
+    import json
+
+    from litlab.lit_modules.core.results import CardResult, RunResult, SeedRun
+    from litlab.lit_modules.lowcomm.report import report
+
+    def entry(name: str, mode: str, gap: int, lr: float, loss: list[float]) -> RunResult:
+        runs = []
+        for seed, v in enumerate(loss):
+            run_dir = tmp_path / f"{name}-s{seed}"
+            run_dir.mkdir()
+            metrics = {"val/loss": v, "comm/bytes_total": 800.0, "comm/bytes_per_step": 100.0}
+            (run_dir / "summary.json").write_text(json.dumps({"metrics": metrics}))
+            model = {"lr": lr, "low_rank": {"update_proj_gap": gap}}
+            config = {"trainer": {"strategy": {"init_args": {"mode": mode}}}, "model": {"init_args": model}}
+            (run_dir / "config.yaml").write_text(json.dumps(config))
+            runs.append(SeedRun(seed=seed, value=v, run_dir=run_dir))
+        return RunResult(name, "val/loss", [0, 1], loss, sum(loss) / 2, 0.0, runs)
+
+    result = CardResult(
+        "lordo", "t", "c", "quick", [0, 1], "val/loss", "min",
+        runs={"a": entry("a", "lowrank_ddp", 8, 3e-3, [2.8, 2.8]),
+              "b": entry("b", "lowrank_ddp", 8, 6e-3, [2.7, 2.72]),
+              "c": entry("c", "lowrank_ddp", 32, 6e-3, [2.9, 2.9]),
+              "d": entry("d", "lowrank_ddp", 32, 3e-3, [2.6, 2.6]),
+              "ours": entry("ours", "lordo", 0, 3e-3, [2.5, 2.5])},
+        date="d", wall_time_s=0.0,
+    )  # fmt: skip
+    markdown = report(result, tmp_path / "out").markdown
+    table = markdown.split("## Low-rank DDP learning-rate sweep")[1]
+    rows = [line for line in table.splitlines() if line.startswith("| 8 ") or line.startswith("| 32 ")]
+    assert rows == [
+        "| 8 | 0.003 | 2.8000 ± 0.0000 | 2 |  |",
+        "| 8 | 0.006 | 2.7100 ± 0.0000 | 2 | best |",
+        "| 32 | 0.003 | 2.6000 ± 0.0000 | 2 | best |",
+        "| 32 | 0.006 | 2.9000 ± 0.0000 | 2 |  |",
+    ]
+
+
 FORK_AFTER_SINGLE_DEVICE_FIT = """
 import os
 import lightning as L, torch

@@ -26,6 +26,39 @@ def strategy_mode(run: RunResult) -> str:
     return strategy["init_args"]["mode"] if isinstance(strategy, dict) else "none"
 
 
+def _lowrank_setting(run: RunResult) -> tuple[int, float] | None:
+    """(projector refresh period, learning rate) of a low-rank DDP run, from the config its first seed saved
+    (None where that config does not say)."""
+    model = ((run.runs[0].config().get("model") or {}).get("init_args")) or {}
+    gap, lr = (model.get("low_rank") or {}).get("update_proj_gap"), model.get("lr")
+    return None if gap is None or lr is None else (int(gap), float(lr))
+
+
+def lr_sweep_table(result: CardResult) -> list[str]:
+    """Low-rank DDP's val loss by (projector refresh period, learning rate), mean over seeds, the lowest per
+    period marked: the sweep the baseline's learning rate was chosen by (issue 34: the baseline at its best)."""
+    cells: dict[tuple[int, float], RunResult] = {}
+    for _, run in result.distinct_runs():
+        setting = _lowrank_setting(run) if strategy_mode(run) == "lowrank_ddp" and run.values else None
+        if setting is not None:
+            cells.setdefault(setting, run)
+    if len({lr for _, lr in cells}) < 2:
+        return []
+    best = {gap: min((r.mean, lr) for (g, lr), r in cells.items() if g == gap)[1] for gap, _ in cells}
+    rows = [
+        f"| {gap} | {lr:g} | {run.mean:.4f} ± {run.std:.4f} | {len(run.values)} | {'best' if best[gap] == lr else ''} |"
+        for (gap, lr), run in sorted(cells.items())
+    ]
+    return [
+        "",
+        "## Low-rank DDP learning-rate sweep",
+        "",
+        "| projector refresh (steps) | lr | val loss (mean ± sd over seeds) | seeds | |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def _curve(run_dir: Path) -> tuple[list[float], list[float], list[float]]:
     """(bytes so far, train loss) at each logged step, and the subspace similarity at each refresh."""
     bytes_, loss, sims = [], [], []
@@ -99,11 +132,11 @@ def report(result: CardResult, out_dir: Path) -> ReportExtras:
 
     modes = {name: strategy_mode(run) for name, run in result.distinct_runs()}
     for a in (n for n, mode in modes.items() if mode == "lordo"):
-        for b in (n for n, mode in modes.items() if mode in PER_STEP_SYNC):
+        for base in (n for n, mode in modes.items() if mode in PER_STEP_SYNC):
             for prefix, key in RATIO_METRICS.items():
-                ratios = _per_seed_ratios(result, a, b, key)
+                ratios = _per_seed_ratios(result, a, base, key)
                 if ratios:
-                    numbers[f"{prefix}_{a}_{b}"] = max(ratios)
+                    numbers[f"{prefix}_{a}_{base}"] = max(ratios)
     markdown = "\n".join(
         [
             "## Loss and communication",
@@ -111,6 +144,7 @@ def report(result: CardResult, out_dir: Path) -> ReportExtras:
             "| run | val loss | bytes total | bytes/step | syncs | subspace similarity (min–max) |",
             "|---|---|---|---|---|---|",
             *rows,
+            *lr_sweep_table(result),
         ]
     )
     return ReportExtras(figures=[path], markdown=markdown, numbers=numbers)
