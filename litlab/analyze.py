@@ -67,7 +67,9 @@ def _diffract_arguments(p: argparse.ArgumentParser, analyses: ModuleType) -> Non
         help="evaluate in this LM's tokens (smollm2, a Hugging Face id or folder); default: characters, which only "
         "litlab's char-level models read (other models then get spectra and head ratios only)",
     )
-    p.add_argument("--criteria", nargs="+", default=list(analyses.D.CRITERIA), choices=analyses.D.CRITERIA)
+    p.add_argument(
+        "--criteria", nargs="+", default=list(analyses.D.DEFAULT_CRITERIA), choices=analyses.D.CRITERIA
+    )
     p.add_argument("--n-random", type=int, default=3)
     p.add_argument(
         "--seed",
