@@ -364,12 +364,17 @@ def head_scores(
     )
 
 
-def greedy_rewind_order(base, tuned, layers: Sequence[H.AttnLayer], evaluate: Evaluator) -> Tensor:
+def greedy_rewind_order(
+    base: Mapping[str, Tensor],
+    tuned: Mapping[str, Tensor],
+    layers: Sequence[H.AttnLayer],
+    evaluate: Evaluator,
+) -> Tensor:
     """Scores of the greedy oracle: step k rewinds, on top of the k - 1 units already rewound, the unit whose
     rewind gives the lowest loss (ties: the lower unit index); a unit's score is its step, so the ordering is the
     greedy one. n(n + 1)/2 evaluations for n units."""
     units = H.units(list(layers))
-    chosen: list = []
+    chosen: list[H.Unit] = []
     steps = torch.empty(len(units), dtype=torch.float64)
     left = list(range(len(units)))
     for step in range(len(units)):
