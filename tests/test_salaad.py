@@ -33,6 +33,7 @@ from litlab.lit_modules.structured.sparse_lowrank import (
     penalty,
     penalty_grad,
     posthoc_surrogates,
+    project_rank,
     soft_threshold,
     svt,
 )
@@ -76,6 +77,20 @@ def test_effective_rank_and_hard_cut_density():
     for d in (0.05, 0.2, 0.0):
         S = soft_threshold(Z, hard_cut_threshold(Z, d))
         assert abs(int((S != 0).sum()) - d * Z.numel()) <= 1
+
+
+def test_rank_projection_is_the_unshrunk_truncated_svd():
+    Z = torch.randn(64, 128, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    s = torch.linalg.svdvals(Z)
+    for k in (0, 4, 11):
+        L_ = project_rank(Z, k / 64)
+        assert torch.linalg.matrix_rank(L_) == k
+        assert torch.allclose(torch.linalg.svdvals(L_)[:k], s[:k])  # not shrunk, unlike SVT
+        assert torch.allclose(
+            (Z - L_).norm().square(), s[k:].square().sum()
+        )  # Eckart-Young: the best rank-k fit
+    with pytest.raises(ValueError, match="alpha_mode='hardcut'"):
+        ADMMConfig(alpha_mode="hardcut")  # type: ignore[arg-type]
 
 
 # ---- 7.3 ADMM on robust PCA ----------------------------------------------------------------------------------------
@@ -438,7 +453,9 @@ def test_report_tells_runs_apart_by_their_saved_structure(tmp_path):
     from litlab.lit_modules.core.results import CardResult, RunResult, SeedRun
     from litlab.lit_modules.structured.report import report
 
-    def entry(name: str, admm: dict | None, losses: list[tuple[float, float, float]]) -> RunResult:
+    def entry(
+        name: str, admm: dict | None, losses: list[tuple[float, float, float]], adhoc: dict | None = None
+    ) -> RunResult:
         runs = []
         for seed, (full, at25, at1) in enumerate(losses):
             run_dir = tmp_path / f"{name}-s{seed}"
@@ -450,7 +467,8 @@ def test_report_tells_runs_apart_by_their_saved_structure(tmp_path):
                 "capacity/full_fraction": 0.9,
             }
             (run_dir / "summary.json").write_text(json.dumps({"metrics": metrics}))
-            (run_dir / "config.yaml").write_text(json.dumps({"model": {"init_args": {"admm": admm}}}))
+            init_args = {"admm": admm, "adhoc": adhoc}
+            (run_dir / "config.yaml").write_text(json.dumps({"model": {"init_args": init_args}}))
             runs.append(SeedRun(seed=seed, value=full, run_dir=run_dir))
         return RunResult(name, "val/loss", [0, 1], [x[0] for x in losses], 0.0, 0.0, runs)
 
@@ -458,13 +476,18 @@ def test_report_tells_runs_apart_by_their_saved_structure(tmp_path):
         "salaad", "t", "c", "quick", [0, 1], "val/loss", "min",
         runs={"plain": entry("plain", None, [(2.0, 3.0, 2.1), (2.0, 3.2, 2.1)]),
               "ours": entry("ours", {"components": "both"}, [(2.2, 2.5, 2.2), (2.1, 2.8, 2.2)]),
-              "lr_only": entry("lr_only", {"components": "low_rank"}, [(2.2, 2.4, 2.2), (2.2, 2.6, 2.2)])},
+              "lr_only": entry("lr_only", {"components": "low_rank"}, [(2.2, 2.4, 2.2), (2.2, 2.6, 2.2)]),
+              "adhoc_25": entry("adhoc_25", None, [(2.3, 2.3, 2.3), (2.4, 2.4, 2.4)], {"components": "sparse"})},
         date="d", wall_time_s=0.0,
     )  # fmt: skip
     extras = report(result, tmp_path / "out")
     assert extras.numbers["ours_drop_25"] == pytest.approx(0.6)
     assert extras.numbers["val_ratio_ours_plain"] == pytest.approx(1.1)
-    assert not any(k.startswith(("plain_", "lr_only_")) for k in extras.numbers)
+    assert not any(k.startswith(("plain_", "lr_only_", "adhoc_25")) for k in extras.numbers)
+    assert (
+        "val_ratio_ours_adhoc_25" not in extras.numbers
+    )  # an ad-hoc model (admm null) is not the dense baseline
+    assert "| adhoc_25 (ad-hoc sparse, trained for one budget) |" in extras.markdown
     assert (
         "| plain (post-hoc compression) |" in extras.markdown and "| ours (SALAAD, HPA) |" in extras.markdown
     )

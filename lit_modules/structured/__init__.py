@@ -10,5 +10,7 @@ parameter budget.
   post-hoc compression of the dense weights when the run has none).
 * ``salaad`` — SALAAD (arXiv 2602.00942), a Callback that runs the ADMM schedule on any LightningModule's linear
   layers.
+* ``adhoc`` — the ad-hoc baselines trained for one budget (projected gradient descent onto a rank or sparsity
+  constraint), what SALAAD's "comparable to ad-hoc methods" is measured against.
 * ``report`` — the card report (loss-vs-budget curve, learned ranks/densities heatmap, export byte ratios).
 """

@@ -3,7 +3,8 @@ std over seeds) as a figure and a table, the learned rank ratios and densities p
 numbers of SALAAD's runs, and the bytes of the exported models (``export``) against the dense one.
 
 A run is told apart by the structure its run folder's ``config.yaml`` says it trained (``model.init_args.admm``:
-``null`` for the dense model, else its ``components``), never by the card's run names.
+``null`` for the dense model, else its ``components``; ``model.init_args.adhoc`` set: an ad-hoc model trained for
+one budget), never by the card's run names.
 """
 
 from __future__ import annotations
@@ -19,13 +20,18 @@ DEPLOYMENT = {  # structure -> how CapacitySweep deploys it at a budget
     "both": "SALAAD, HPA",
     "low_rank": "low-rank only, HPA",
     "sparse": "sparse only",
+    "adhoc low_rank": "ad-hoc low-rank, trained for one budget",
+    "adhoc sparse": "ad-hoc sparse, trained for one budget",
 }
 
 
 def structure(run: RunResult) -> str:
-    """``dense`` (no ADMM) or the ADMM's ``components`` (``both``, ``low_rank``, ``sparse``) of the run's first seed."""
-    config = run.runs[0].config()
-    admm = config["model"]["init_args"].get("admm")
+    """``dense`` (no ADMM), the ADMM's ``components`` (``both``, ``low_rank``, ``sparse``) or ``adhoc <components>``
+    (an ad-hoc model trained for one budget), from the run's first seed's saved config."""
+    init_args = run.runs[0].config()["model"]["init_args"]
+    admm, adhoc = init_args.get("admm"), init_args.get("adhoc")
+    if adhoc is not None:
+        return f"adhoc {adhoc.get('components', 'low_rank')}"
     return "dense" if admm is None else admm.get("components", "both")
 
 

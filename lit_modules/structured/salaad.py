@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from litlab.lit_modules.core.config import as_config, config_part
+from litlab.lit_modules.structured.adhoc import AdHocConfig, AdHocStructure
 from litlab.lit_modules.structured.lm import (
     BLOCKS,
     NET,
@@ -219,7 +220,9 @@ class SALAADLM(DecoderLM):
     """``DecoderLM`` trained under SALAAD: the module hands Lightning a ``SALAAD`` callback built from its ``admm``
     and ``schedule`` groups (``configure_callbacks``), so the method's settings are part of the model's config (and
     of the run's identity) while the ADMM itself stays a Callback that any LightningModule can use directly.
-    ``admm=None`` trains the plain dense model (no ADMM: the card's dense baseline).
+    ``admm=None`` trains the plain dense model (no ADMM: the card's dense baseline); ``admm=None`` with ``adhoc``
+    set trains the ad-hoc baseline for one budget instead (``adhoc.AdHocStructure``: projected gradient descent onto
+    a rank or sparsity constraint).
 
     Settings that collapse the ranks (spec §6 calibration, kept out of the defaults): ``rho=1e-2`` with
     ``init_L="zero"``, or ``k_alpha`` 0.02-0.05, overshoot the controller threshold and drive ranks to 1-3;
@@ -232,10 +235,17 @@ class SALAADLM(DecoderLM):
         optim: AdamWSchedule = OPTIM,
         admm: ADMMConfig | None = ADMM,
         schedule: SALAADSchedule = SCHEDULE,
+        adhoc: AdHocConfig | None = None,
     ) -> None:
         super().__init__(net=net, optim=optim)
+        if admm is not None and adhoc is not None:
+            raise ValueError(
+                f"admm={admm} and adhoc={adhoc} are both set: a run trains SALAAD (admm) or an ad-hoc baseline "
+                "(adhoc, with admm: null), not both"
+            )
         self.admm = None if admm is None else as_config(ADMMConfig, admm, "admm")
         self.schedule = as_config(SALAADSchedule, schedule, "schedule")
+        self.adhoc = None if adhoc is None else as_config(AdHocConfig, adhoc, "adhoc")
 
     def salaad_callback(self) -> SALAAD:
         if self.admm is None:
@@ -243,4 +253,6 @@ class SALAADLM(DecoderLM):
         return SALAAD(self.admm, self.schedule)
 
     def configure_callbacks(self):
+        if self.adhoc is not None:
+            return [AdHocStructure(self.adhoc, self.schedule.blocks)]
         return [] if self.admm is None else [self.salaad_callback()]

@@ -6,7 +6,8 @@ official implementation): a block is one weight matrix ``X ∈ R^{m×n}`` couple
 scaled augmented Lagrangian ``ρ/2 ‖X − L − S + Y/ρ‖_F²``; the prox thresholds are ``τ_L = α/ρ`` and ``τ_S = β/ρ``.
 
 * ``svt`` / ``soft_threshold`` / ``hard_cut_threshold``: the closed-form L- and S-updates (robust PCA by inexact
-  augmented Lagrangian, Candès et al. 2011; Lin, Chen & Ma 2010).
+  augmented Lagrangian, Candès et al. 2011; Lin, Chen & Ma 2010); ``project_rank`` / ``top_entries``: their
+  projections onto the rank-k / k-sparse sets, for the ad-hoc baselines trained at one budget.
 * ``effective_rank`` (training rule, cumulative σ² energy) and ``deploy_rank`` (deployment rule, cumulative σ).
 * ``controller_update``: the integral controller on a threshold (α or β), with the optional damping term.
 * ``BlockADMM``: one block's state (L, S, Y, ρ, α, β, previous rate/density, update count) and its update in the
@@ -79,6 +80,16 @@ def hard_cut_threshold(Z: Tensor, density: float) -> float:
     if keep >= flat.numel():
         return 0.0
     return float(torch.topk(flat, keep + 1).values[-1])
+
+
+def project_rank(Z: Tensor, rate: float) -> Tensor:
+    """The projection onto rank ≤ k, k = ⌊r*·min(m, n)⌋: Z's truncated SVD, its singular values not shrunk (Eckart-Young).
+    The low-rank projection of ``adhoc.AdHocStructure`` (``top_entries`` is the sparse one)."""
+    keep = int(math.floor(rate * min(Z.shape)))
+    if keep == 0:
+        return torch.zeros_like(Z)
+    U, s, Vh = torch.linalg.svd(Z, full_matrices=False)
+    return (U[:, :keep] * s[:keep]) @ Vh[:keep]
 
 
 def penalty(X: Tensor, L: Tensor, S: Tensor, Y: Tensor, rho: float) -> Tensor:
@@ -160,6 +171,10 @@ class ADMMConfig:
             )
         if self.components not in ("both", "low_rank", "sparse"):
             raise ValueError(f"components={self.components!r} must be 'both', 'low_rank' or 'sparse'")
+        if self.alpha_mode not in ("adaptive", "fixed"):
+            raise ValueError(f"alpha_mode={self.alpha_mode!r} must be 'adaptive' or 'fixed'")
+        if self.beta_mode not in ("hard_cut", "adaptive", "fixed"):
+            raise ValueError(f"beta_mode={self.beta_mode!r} must be 'hard_cut', 'adaptive' or 'fixed'")
 
 
 STATE_TENSORS = ("L", "S", "Y")
