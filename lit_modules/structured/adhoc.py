@@ -90,7 +90,7 @@ class AdHocStructure(L.Callback):
 
     def projection(self, W: Tensor) -> Tensor:
         if self.config.components == "low_rank":
-            return project_rank(W, self.rank / min(W.shape))
+            return project_rank(W, self.rank)
         return top_entries(W, math.floor(self.config.budget * W.numel()))
 
     @torch.no_grad()

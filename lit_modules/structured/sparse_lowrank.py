@@ -82,14 +82,13 @@ def hard_cut_threshold(Z: Tensor, density: float) -> float:
     return float(torch.topk(flat, keep + 1).values[-1])
 
 
-def project_rank(Z: Tensor, rate: float) -> Tensor:
-    """The projection onto rank ≤ k, k = ⌊r*·min(m, n)⌋: Z's truncated SVD, its singular values not shrunk (Eckart-Young).
-    The low-rank projection of ``adhoc.AdHocStructure`` (``top_entries`` is the sparse one)."""
-    keep = int(math.floor(rate * min(Z.shape)))
-    if keep == 0:
+def project_rank(Z: Tensor, rank: int) -> Tensor:
+    """The projection onto rank ≤ ``rank``: Z's truncated SVD, its singular values not shrunk (Eckart-Young). The
+    low-rank projection of ``adhoc.AdHocStructure`` (``top_entries`` is the sparse one)."""
+    if rank <= 0:
         return torch.zeros_like(Z)
     U, s, Vh = torch.linalg.svd(Z, full_matrices=False)
-    return (U[:, :keep] * s[:keep]) @ Vh[:keep]
+    return (U[:, :rank] * s[:rank]) @ Vh[:rank]
 
 
 def penalty(X: Tensor, L: Tensor, S: Tensor, Y: Tensor, rho: float) -> Tensor:
