@@ -411,26 +411,3 @@ def test_a_fit_draws_data_env_eval_init_and_prior_from_the_run_seed(quiet_traine
     for kind in ("components", "artefacts"):
         assert all(ledger0[kind][k] != ledger1[kind][k] for k in ledger0[kind]), kind
     assert not torch.equal(prior0, prior1)
-
-
-def test_card_medium_config_is_the_quick_config_with_the_cards_quick_overrides():
-    """configs/ngt/medium.yaml bakes in the card's quick-scale overrides, so the medium scale runs the quick
-    design over more seeds (a seed's quick and medium runs share their config hash and run id)."""
-    import yaml
-
-    from litlab.cards import load_card
-
-    card = load_card(ROOT / "seeds" / "ngt.yaml")
-    quick = yaml.safe_load((ROOT / "configs" / "ngt" / "quick.yaml").read_text())
-    medium = yaml.safe_load((ROOT / "configs" / "ngt" / "medium.yaml").read_text())
-    for name, spec in card.runs_for("medium").items():
-        if spec.config_path("medium") != "configs/ngt/medium.yaml":
-            continue
-        assert spec.scale_overrides.get("medium") is None, name
-        for dotted, value in spec.scale_overrides["quick"].items():
-            *parents, leaf = dotted.split(".")
-            node = quick
-            for key in parents:
-                node = node[key]
-            node[leaf] = value
-    assert quick == medium
