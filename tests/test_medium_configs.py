@@ -1,6 +1,6 @@
 """A medium config that is a quick design over more seeds: configs/<slug>/medium.yaml bakes in the card's quick
-overrides, so a seed's quick and medium runs resolve to the same config, hash and run id (the NGT and DARE cards,
-issue 35: their quick design needs more seeds than the 5-min quick budget runs)."""
+overrides, so a seed's quick and medium runs resolve to the same config, hash and run id (the NGT, DARE
+and U³CF cards, issue 35: their quick design needs more seeds than the 5-min quick budget runs)."""
 
 from pathlib import Path
 
@@ -12,7 +12,7 @@ from litlab.cards import load_card
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("slug", ["ngt", "dare"])
+@pytest.mark.parametrize("slug", ["ngt", "dare", "u3cf"])
 def test_card_medium_config_is_the_quick_config_with_the_cards_quick_overrides(slug):
     card = load_card(ROOT / "seeds" / f"{slug}.yaml")
     medium = yaml.safe_load((ROOT / "configs" / slug / "medium.yaml").read_text())
@@ -22,7 +22,7 @@ def test_card_medium_config_is_the_quick_config_with_the_cards_quick_overrides(s
             continue
         assert spec.scale_overrides.get("medium") is None, name
         quick = yaml.safe_load((ROOT / spec.config_path("quick")).read_text())
-        for dotted, value in spec.scale_overrides["quick"].items():
+        for dotted, value in spec.scale_overrides.get("quick", {}).items():
             *parents, leaf = dotted.split(".")
             node = quick
             for key in parents:
