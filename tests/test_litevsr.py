@@ -592,3 +592,12 @@ def test_reds_folder_reads_pairs(tmp_path):
     hq, lq = next(iter(dm.train_dataloader()))
     assert hq.shape == (1, 3, 2, 8, 8) and lq.shape == (1, 3, 2, 2, 2)
     assert list(dm.val_clips) == ["000"] and list(dm.train_clips) == ["001"]
+
+
+def test_the_card_wires_the_report_hook():
+    """seeds/litevsr.yaml names the hook that draws the LQ / SR / HQ frame grid the README promises (a card edit
+    once dropped the line and every test still passed)."""
+    from litlab.cards import load_card
+
+    card = load_card(Path(__file__).resolve().parent.parent / "seeds" / "litevsr.yaml")
+    assert card.report_hook == "litlab.lit_modules.diffusion.litevsr:report"
